@@ -1,0 +1,127 @@
+"""Unix-socket gRPC helpers: servers with a private socket file, and clients.
+
+A server's socket is created with mode 0600 unless asked otherwise, a stale
+socket left by a dead process is removed first, a live one is never stolen, and
+``stop`` removes the socket file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import socket
+import stat
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+SUN_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1
+CHANNEL_OPTIONS: Sequence[tuple[str, Any]] = (
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    # Reconnect quickly when a peer service restarts.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
+
+
+class SocketInUseError(RuntimeError):
+    """Another live process serves on the socket path."""
+
+
+def socket_is_live(path: str | os.PathLike[str]) -> bool:
+    """True when something accepts connections on the Unix socket ``path``."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        try:
+            s.connect(os.fspath(path))
+        except OSError:
+            return False
+        return True
+
+
+def prepare_socket_path(path: str | os.PathLike[str]) -> Path:
+    """Create the parent directory and remove a stale socket file at ``path``.
+
+    Raises SocketInUseError if a live server answers there, and ValueError if the
+    path is too long for AF_UNIX or names something that is not a socket.
+    """
+    p = Path(path)
+    if len(os.fsencode(p)) > SUN_PATH_MAX:
+        raise ValueError(f"socket path {p} is longer than the {SUN_PATH_MAX} bytes AF_UNIX allows")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        st = p.lstat()
+    except FileNotFoundError:
+        return p
+    if not stat.S_ISSOCK(st.st_mode):
+        raise ValueError(f"{p} exists and is not a socket; refusing to replace it")
+    if socket_is_live(p):
+        raise SocketInUseError(f"another process is serving on {p}")
+    log.info("removing stale socket", extra={"socket": str(p)})
+    with contextlib.suppress(FileNotFoundError):
+        p.unlink()
+    return p
+
+
+class UdsServer:
+    """A grpc.aio server bound to one Unix socket."""
+
+    def __init__(self, path: str | os.PathLike[str], mode: int = 0o600) -> None:
+        self.path = Path(path)
+        self.mode = mode
+        self.server = grpc.aio.server(options=CHANNEL_OPTIONS)
+
+    def add(self, register: Callable[[grpc.aio.Server], None]) -> UdsServer:
+        register(self.server)
+        return self
+
+    async def start(self) -> None:
+        prepare_socket_path(self.path)
+        # The socket is created with the process umask; keep others out from the
+        # first moment, then set the exact mode.
+        old = os.umask(0o777 & ~self.mode)
+        try:
+            port = self.server.add_insecure_port(f"unix:{self.path}")
+        finally:
+            os.umask(old)
+        if port == 0:
+            raise OSError(errno.EADDRINUSE, f"cannot bind {self.path}")
+        await self.server.start()
+        os.chmod(self.path, self.mode)
+        log.info("serving", extra={"socket": str(self.path)})
+
+    async def stop(self, grace: float | None = 1.0) -> None:
+        await self.server.stop(grace)
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+    async def wait(self) -> None:
+        await self.server.wait_for_termination()
+
+
+def channel(path: str | os.PathLike[str]) -> grpc.aio.Channel:
+    """An insecure grpc.aio channel to the Unix socket ``path`` (connects lazily)."""
+    return grpc.aio.insecure_channel(f"unix:{os.fspath(path)}", options=CHANNEL_OPTIONS)
+
+
+async def wait_for_channel(ch: grpc.aio.Channel, timeout: float) -> None:
+    """Wait until ``ch`` is connected; TimeoutError naming the target otherwise."""
+    try:
+        await asyncio.wait_for(ch.channel_ready(), timeout)
+    except TimeoutError:
+        raise TimeoutError(f"gRPC peer not ready after {timeout:.1f}s") from None
+
+
+def sync_channel(path: str | os.PathLike[str]) -> grpc.Channel:
+    """A blocking channel, for tools and benchmarks outside an event loop."""
+    return grpc.insecure_channel(f"unix:{os.fspath(path)}", options=CHANNEL_OPTIONS)
