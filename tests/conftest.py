@@ -1,0 +1,21 @@
+"""Test-wide fixtures and marker checks.
+
+Tests that need root, network namespaces or containerd carry the ``root``,
+``netns`` or ``containerd`` marker. CI runs as root and runs them all; they are
+never skipped there. On a machine without root they fail loudly rather than pass
+silently, unless DRANET_ALLOW_SKIP=1 is set for a local partial run.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    needs_root = any(item.iter_markers(name=m) for m in ("root", "netns", "containerd"))
+    if needs_root and os.geteuid() != 0:
+        if os.environ.get("DRANET_ALLOW_SKIP") == "1":
+            pytest.skip("needs root (DRANET_ALLOW_SKIP=1)")
+        pytest.fail("this test needs root; CI runs as root")
