@@ -22,12 +22,12 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         self.health = health or (lambda: (True, ""))
         self.started = time.monotonic()
 
-    async def GetLogLevel(  # noqa: N802 - gRPC method name
+    async def GetLogLevel(
         self, request: admin_pb2.GetLogLevelRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.LogLevel:
         return admin_pb2.LogLevel(service=self.service, level=logs.get_level())
 
-    async def SetLogLevel(  # noqa: N802
+    async def SetLogLevel(
         self, request: admin_pb2.SetLogLevelRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.LogLevel:
         try:
@@ -36,7 +36,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"level: {exc}")
         return admin_pb2.LogLevel(service=self.service, level=level)
 
-    async def Health(  # noqa: N802
+    async def Health(
         self, request: admin_pb2.HealthRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.HealthResponse:
         ready, detail = self.health()

@@ -89,7 +89,9 @@ class NeighborConfig:
 
 @dataclass(frozen=True)
 class EthtoolConfig:
-    features: Mapping[str, bool] = field(default_factory=dict, metadata={"json": "features", "kind": "boolmap"})
+    features: Mapping[str, bool] = field(
+        default_factory=dict, metadata={"json": "features", "kind": "boolmap"}
+    )
     private_flags: Mapping[str, bool] = field(
         default_factory=dict, metadata={"json": "privateFlags", "kind": "boolmap"}
     )
@@ -240,7 +242,9 @@ def _decode_value(kind: Any, value: Any, path: str, errors: list[FieldError]) ->
             if isinstance(v, bool):
                 flags[k] = v
             else:
-                errors.append(FieldError(f"{path}.{k}", f"expected a boolean, got {_describe(v)} {json.dumps(v)}"))
+                errors.append(
+                    FieldError(f"{path}.{k}", f"expected a boolean, got {_describe(v)} {json.dumps(v)}")
+                )
         return flags
     if isinstance(kind, tuple):
         (item_cls,) = kind
@@ -254,7 +258,9 @@ def _decode_value(kind: Any, value: Any, path: str, errors: list[FieldError]) ->
         try:
             return kind(value)
         except ValueError:
-            errors.append(FieldError(path, f"unsupported value {json.dumps(value)}, must be one of {allowed}"))
+            errors.append(
+                FieldError(path, f"unsupported value {json.dumps(value)}, must be one of {allowed}")
+            )
             return _INVALID
     if isinstance(kind, type):
         return _decode(kind, value, path, errors)

@@ -45,14 +45,10 @@ def request_matches(entry_requests: Sequence[str], request: str) -> bool:
     return request in entry_requests or parent in entry_requests
 
 
-def pick_config(
-    entries: Sequence[Mapping[str, Any]], request: str, driver: str = DRIVER_NAME
-) -> Pick:
+def pick_config(entries: Sequence[Mapping[str, Any]], request: str, driver: str = DRIVER_NAME) -> Pick:
     """Pick the opaque config for ``request`` from allocation config entries
     (dicts in the resource.k8s.io/v1 JSON shape)."""
-    ordered = sorted(
-        enumerate(entries), key=lambda ie: _SOURCE_ORDER.get(str(ie[1].get("source", "")), 2)
-    )
+    ordered = sorted(enumerate(entries), key=lambda ie: _SOURCE_ORDER.get(str(ie[1].get("source", "")), 2))
     errors: list[FieldError] = []
     for index, entry in ordered:
         opaque = entry.get("opaque")

@@ -116,7 +116,7 @@ def parse_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
 
 
 def parse_cidr(text: str) -> ipaddress.IPv4Interface | ipaddress.IPv6Interface | None:
-    """"ip/prefix" with a decimal prefix length (Go's netip.ParsePrefix / net.ParseCIDR)."""
+    """ "ip/prefix" with a decimal prefix length (Go's netip.ParsePrefix / net.ParseCIDR)."""
     ip_text, sep, bits = text.partition("/")
     if not sep or not bits.isdigit() or (len(bits) > 1 and bits[0] == "0"):
         return None
@@ -175,7 +175,9 @@ def _validate_interface(itf: InterfaceConfig, path: str, *, complete: bool) -> l
             errs.append(FieldError(f"{path}.name", f"{itf.name!r} {problem}"))
     for i, addr in enumerate(itf.addresses):
         if parse_cidr(addr) is None:
-            errs.append(FieldError(f"{path}.addresses[{i}]", f"invalid IP CIDR {addr!r} (want e.g. 192.0.2.5/24)"))
+            errs.append(
+                FieldError(f"{path}.addresses[{i}]", f"invalid IP CIDR {addr!r} (want e.g. 192.0.2.5/24)")
+            )
     dhcp = itf.dhcp is True
     unnumbered = itf.addressing == Addressing.UNNUMBERED
     if dhcp and itf.addresses:
@@ -212,13 +214,22 @@ def _validate_interface(itf: InterfaceConfig, path: str, *, complete: bool) -> l
     if itf.effective_type == InterfaceType.IPVLAN:
         if itf.hardware_addr is not None:
             errs.append(
-                FieldError(f"{path}.hardwareAddr", "cannot be set for type IPVLAN (the child uses the parent's MAC)")
+                FieldError(
+                    f"{path}.hardwareAddr", "cannot be set for type IPVLAN (the child uses the parent's MAC)"
+                )
             )
         if dhcp:
-            errs.append(FieldError(f"{path}.dhcp", "is not supported for type IPVLAN (the child shares the parent's MAC)"))
+            errs.append(
+                FieldError(
+                    f"{path}.dhcp", "is not supported for type IPVLAN (the child shares the parent's MAC)"
+                )
+            )
         if itf.disable_ebpf_programs:
             errs.append(
-                FieldError(f"{path}.disableEbpfPrograms", "is not supported for type IPVLAN (the parent stays on the host)")
+                FieldError(
+                    f"{path}.disableEbpfPrograms",
+                    "is not supported for type IPVLAN (the parent stays on the host)",
+                )
             )
         if complete and not itf.addresses and not unnumbered:
             errs.append(
@@ -243,7 +254,9 @@ def _validate_vrf(vrf: VRFConfig, path: str) -> list[FieldError]:
             errs.append(FieldError(f"{path}.table", f"must be between 1 and {MAX_TABLE}, got {vrf.table}"))
         elif vrf.table in RESERVED_TABLES:
             errs.append(
-                FieldError(f"{path}.table", f"cannot use reserved table {vrf.table} ({RESERVED_TABLES[vrf.table]})")
+                FieldError(
+                    f"{path}.table", f"cannot use reserved table {vrf.table} ({RESERVED_TABLES[vrf.table]})"
+                )
             )
     return errs
 
@@ -263,7 +276,9 @@ def _validate_routes(routes: Iterable[RouteConfig], path: str) -> list[FieldErro
             dst = parse_cidr(r.destination)
             if dst is None:
                 errs.append(
-                    FieldError(f"{p}.destination", f"invalid CIDR {r.destination!r} (host routes use /32 or /128)")
+                    FieldError(
+                        f"{p}.destination", f"invalid CIDR {r.destination!r} (host routes use /32 or /128)"
+                    )
                 )
         if r.scope not in (RT_SCOPE_UNIVERSE, RT_SCOPE_LINK):
             errs.append(
@@ -278,17 +293,24 @@ def _validate_routes(routes: Iterable[RouteConfig], path: str) -> list[FieldErro
                 errs.append(FieldError(f"{p}.gateway", f"invalid IP address {r.gateway!r}"))
             elif dst is not None and not _same_family(dst, gw):
                 errs.append(
-                    FieldError(f"{p}.gateway", f"{r.gateway} is not the same IP family as destination {r.destination}")
+                    FieldError(
+                        f"{p}.gateway",
+                        f"{r.gateway} is not the same IP family as destination {r.destination}",
+                    )
                 )
         elif r.scope != RT_SCOPE_LINK:
-            errs.append(FieldError(f"{p}.gateway", "must be set for universe-scope routes (or use scope 253, link)"))
+            errs.append(
+                FieldError(f"{p}.gateway", "must be set for universe-scope routes (or use scope 253, link)")
+            )
         if r.source:
             src = parse_ip(r.source)
             if src is None:
                 errs.append(FieldError(f"{p}.source", f"invalid IP address {r.source!r}"))
             elif dst is not None and not _same_family(dst, src):
                 errs.append(
-                    FieldError(f"{p}.source", f"{r.source} is not the same IP family as destination {r.destination}")
+                    FieldError(
+                        f"{p}.source", f"{r.source} is not the same IP family as destination {r.destination}"
+                    )
                 )
         if not 0 <= r.table <= MAX_TABLE:
             errs.append(FieldError(f"{p}.table", f"must be between 0 and {MAX_TABLE}, got {r.table}"))
@@ -300,7 +322,9 @@ def _validate_rules(rules: Iterable[RuleConfig], path: str) -> list[FieldError]:
     for i, r in enumerate(rules):
         p = f"{path}[{i}]"
         if not 0 <= r.priority <= MAX_RULE_PRIORITY:
-            errs.append(FieldError(f"{p}.priority", f"must be between 0 and {MAX_RULE_PRIORITY}, got {r.priority}"))
+            errs.append(
+                FieldError(f"{p}.priority", f"must be between 0 and {MAX_RULE_PRIORITY}, got {r.priority}")
+            )
         if not 0 <= r.table <= MAX_TABLE:
             errs.append(FieldError(f"{p}.table", f"must be between 0 and {MAX_TABLE}, got {r.table}"))
         src = dst = None
@@ -370,7 +394,9 @@ def validate_rdma_only(cfg: NetworkConfig) -> list[FieldError]:
     (dranet ValidateRDMAOnlyConfig). A profile is allowed."""
     errs: list[FieldError] = []
     if cfg.interface != InterfaceConfig():
-        set_fields = sorted(k for k in cfg.interface.__dataclass_fields__ if getattr(cfg.interface, k) not in (None, "", ()))
+        set_fields = sorted(
+            k for k in cfg.interface.__dataclass_fields__ if getattr(cfg.interface, k) not in (None, "", ())
+        )
         errs.append(
             FieldError(
                 "interface",
