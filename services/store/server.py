@@ -69,6 +69,9 @@ class Liveness:
         newest = live[-1] if live else (list(self._streams.values())[-1] if self._streams else None)
         new = pb.AttachLiveness(
             connected=bool(live),
+            # Draining only if every connected instance drains: during a rolling
+            # update the new instance serves while the old one drains.
+            draining=bool(live) and all(r.draining for r in live),
             runtime_name=newest.runtime_name if newest else "",
             runtime_version=newest.runtime_version if newest else "",
             instance=newest.instance if newest else "",

@@ -1,0 +1,131 @@
+"""The few Kubernetes API calls prepare makes, with raw JSON on the hot path.
+
+kubernetes-asyncio models cost ~10x a json.loads for a claim (packages.md), so
+claims are read with ``_preload_content=False`` and handled as dicts. Every call
+has a timeout: the library's default is none.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+log = logging.getLogger(__name__)
+
+REQUEST_TIMEOUT_S = 5.0
+
+
+class KubeError(Exception):
+    """An API call failed; ``status`` is the HTTP status (0 for a transport error)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Kube:
+    """An API client for one driver: claim reads, claim status applies, events."""
+
+    def __init__(self, kubeconfig: str | None, field_manager: str) -> None:
+        self.kubeconfig = kubeconfig
+        self.field_manager = field_manager
+        self._api: client.ApiClient | None = None
+        self._resource: Any = None
+        self._core: Any = None
+
+    async def start(self) -> None:
+        if self.kubeconfig:
+            cfg = client.Configuration()
+            await config.load_kube_config(config_file=self.kubeconfig, client_configuration=cfg)
+        else:
+            cfg = client.Configuration()
+            config.load_incluster_config(client_configuration=cfg)
+        self._api = client.ApiClient(configuration=cfg)
+        self._resource = client.ResourceV1Api(self._api)
+        self._core = client.CoreV1Api(self._api)
+
+    async def close(self) -> None:
+        if self._api is not None:
+            await self._api.close()
+            self._api = None
+
+    async def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The claim as a dict, or None when it does not exist."""
+        try:
+            resp = await self._resource.read_namespaced_resource_claim(
+                name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S
+            )
+            body = await resp.read()
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise KubeError(
+                exc.status, f"reading claim {namespace}/{name}: {exc.status} {exc.reason}"
+            ) from None
+        except (OSError, TimeoutError) as exc:
+            raise KubeError(0, f"reading claim {namespace}/{name}: {exc}") from None
+        claim: dict[str, Any] = json.loads(body)
+        return claim
+
+    async def apply_claim_devices(self, namespace: str, name: str, devices: list[dict[str, Any]]) -> bool:
+        """Server-side apply of this driver's status.devices entries (the whole set
+        this field manager owns). False when the claim no longer exists."""
+        body = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "status": {"devices": devices},
+        }
+        try:
+            await self._resource.patch_namespaced_resource_claim_status(
+                name,
+                namespace,
+                body,
+                field_manager=self.field_manager,
+                force=True,
+                _content_type="application/apply-patch+yaml",
+                _request_timeout=REQUEST_TIMEOUT_S,
+                _preload_content=False,
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            detail = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else str(exc.body)
+            raise KubeError(
+                exc.status, f"applying status of claim {namespace}/{name}: {exc.status} {body}"
+            ) from None
+        except (OSError, TimeoutError) as exc:
+            raise KubeError(0, f"applying status of claim {namespace}/{name}: {exc}") from None
+        return True
+
+    async def claim_event(self, claim: dict[str, Any], reason: str, message: str) -> None:
+        """A Warning event on the claim; best effort."""
+        meta = claim.get("metadata", {})
+        namespace = meta.get("namespace", "default")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta.get('name', 'claim')}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "name": meta.get("name"),
+                "namespace": namespace,
+                "uid": meta.get("uid"),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning",
+            "source": {"component": self.field_manager},
+            "reportingComponent": self.field_manager,
+        }
+        try:
+            await self._core.create_namespaced_event(
+                namespace, body, _request_timeout=REQUEST_TIMEOUT_S, _preload_content=False
+            )
+        except (ApiException, OSError, TimeoutError) as exc:
+            log.debug("could not record event", extra={"reason": reason, "error": str(exc)})

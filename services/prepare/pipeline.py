@@ -1,0 +1,496 @@
+"""NodePrepareResources and NodeUnprepareResources for dra.net claims.
+
+Per claim: read it from the API server (the UID must match what the kubelet
+asked for), and for each allocation result of this driver run the seed's
+pipeline — pick the opaque config, merge it onto the provider config, resolve a
+profile, default and validate again (a failure releases the profile), add the
+host snapshot — then save one DeviceConfig per pod and device in the store.
+Errors are per claim and name the claim, the request, the device and the field;
+a failing claim stores nothing and does not disturb the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from proto.dranet.inventory.v1 import inventory_pb2 as inv
+from proto.dranet.store.v1 import store_pb2 as st
+from services.prepare.inventory_client import InventoryClient, InventoryError
+from services.prepare.kube import Kube, KubeError
+from shared.logs import log_fields
+from shared.netconfig import ConfigError, FieldError, InterfaceType, NetworkConfig, parse_network_config
+from shared.netconfig.merge import merge
+from shared.netconfig.model import InterfaceConfig, NeighborConfig, RouteConfig, RuleConfig
+from shared.netconfig.pick import pick_config
+from shared.netconfig.snapshot import HostSnapshot, apply_host_snapshot
+from shared.netconfig.validate import finalize, validate_rdma_only
+from shared.storeclient import StoreCallError, StoreClient
+
+log = logging.getLogger(__name__)
+
+RDMA_EXCLUSIVE = "exclusive"
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass
+class PreparedDevice:
+    request: str
+    pool: str
+    device: str
+
+
+@dataclass
+class ClaimResult:
+    devices: list[PreparedDevice] = field(default_factory=list)
+    error: str = ""
+
+
+@dataclass
+class Timings:
+    """Where prepare's time goes (seconds), for the benchmark and debug logs."""
+
+    api_read: float = 0.0
+    inventory: float = 0.0
+    pipeline: float = 0.0
+    store_write: float = 0.0
+
+    def add(self, other: Timings) -> None:
+        self.api_read += other.api_read
+        self.inventory += other.inventory
+        self.pipeline += other.pipeline
+        self.store_write += other.store_write
+
+
+class ClaimError(Exception):
+    """Fails one claim; the message says which claim, request, device and why."""
+
+
+class Preparer:
+    """The kubelet plugin's work, independent of the gRPC surface."""
+
+    def __init__(
+        self,
+        driver: str,
+        node_name: str,
+        kube: Kube,
+        inventory: InventoryClient,
+        store: StoreClient,
+        require_attach: bool = True,
+    ) -> None:
+        self.driver = driver
+        self.node_name = node_name
+        self.kube = kube
+        self.inventory = inventory
+        self.store = store
+        self.require_attach = require_attach
+        self.last_timings = Timings()
+        self._node_info: inv.NodeInfo | None = None
+
+    async def node_info(self) -> inv.NodeInfo:
+        # The RDMA mode is read once by the inventory at its start; the profile
+        # provider does not change while it runs. Cache after the first answer.
+        if self._node_info is None:
+            self._node_info = await self.inventory.node_info()
+        return self._node_info
+
+    # --- prepare ------------------------------------------------------------------------
+
+    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimResult]:
+        """Prepare every claim; one result (devices or error) per claim UID."""
+        self.last_timings = Timings()
+        gate = await self._safety_gate()
+        if gate:
+            return {c.uid: ClaimResult(error=f"claim {c}: {gate}") for c in claims}
+        try:
+            node = await self.node_info()
+        except InventoryError as exc:
+            return {c.uid: ClaimResult(error=f"claim {c}: {exc}") for c in claims}
+        planned = await asyncio.gather(*(self._plan_claim(c, node) for c in claims))
+        results: dict[str, ClaimResult] = {}
+        to_store: list[tuple[ClaimRef, list[st.DeviceConfig]]] = []
+        for claim, outcome in zip(claims, planned, strict=True):
+            if isinstance(outcome, ClaimError):
+                results[claim.uid] = ClaimResult(error=str(outcome))
+                continue
+            configs, devices, timings = outcome
+            self.last_timings.add(timings)
+            results[claim.uid] = ClaimResult(devices=devices)
+            new = [c for c in configs if c.revision == 0]
+            if new:
+                to_store.append((claim, new))
+        if to_store:
+            # One durable transaction for every claim of the call.
+            t0 = time.perf_counter()
+            try:
+                await self.store.put_devices([c for _, cfgs in to_store for c in cfgs])
+            except StoreCallError as exc:
+                for claim, cfgs in to_store:
+                    await self._release_profiles(cfgs, delete=True)
+                    results[claim.uid] = ClaimResult(
+                        error=f"claim {claim}: saving device configs failed: {exc}"
+                    )
+            self.last_timings.store_write += time.perf_counter() - t0
+        for claim in claims:
+            res = results[claim.uid]
+            if res.error:
+                log.warning(
+                    "prepare failed", extra=log_fields(claim=str(claim), claim_uid=claim.uid, error=res.error)
+                )
+            else:
+                log.info(
+                    "claim prepared",
+                    extra=log_fields(
+                        claim=str(claim), claim_uid=claim.uid, devices=[d.device for d in res.devices]
+                    ),
+                )
+        return results
+
+    async def _safety_gate(self) -> str:
+        """Why no claim may be prepared now, or "" (seed: no Pod starts without its devices)."""
+        if not self.require_attach:
+            return ""
+        try:
+            live = await self.store.get_liveness()
+        except StoreCallError as exc:
+            return f"the store is not reachable, retry later: {exc}"
+        if not live.connected:
+            return (
+                "the attach service is not connected to the container runtime (NRI); "
+                "a Pod started now would miss its devices, retry later"
+            )
+        if live.draining:
+            return "the attach service is stopping (graceful stop); retry later"
+        return ""
+
+    async def _plan_claim(
+        self, ref: ClaimRef, node: inv.NodeInfo
+    ) -> tuple[list[st.DeviceConfig], list[PreparedDevice], Timings] | ClaimError:
+        timings = Timings()
+        try:
+            t0 = time.perf_counter()
+            claim = await self.kube.get_claim(ref.namespace, ref.name)
+            timings.api_read += time.perf_counter() - t0
+            if claim is None:
+                raise ClaimError(f"claim {ref}: not found in the API server (deleted?)")
+            uid = claim.get("metadata", {}).get("uid", "")
+            if uid != ref.uid:
+                raise ClaimError(
+                    f"claim {ref}: has UID {uid}, the kubelet asked for {ref.uid} (the claim was replaced)"
+                )
+            allocation = (claim.get("status") or {}).get("allocation")
+            if not allocation:
+                raise ClaimError(f"claim {ref}: is not allocated")
+            pod = self._consumer_pod(ref, claim)
+            entries = (allocation.get("devices") or {}).get("config") or []
+            ours = [
+                r
+                for r in (allocation.get("devices") or {}).get("results") or []
+                if r.get("driver") == self.driver
+            ]
+            configs: list[st.DeviceConfig] = []
+            devices: list[PreparedDevice] = []
+            errors: list[str] = []
+            for result in ours:
+                try:
+                    cfg = await self._prepare_device(ref, pod, result, entries, node, timings)
+                except ClaimError as exc:
+                    errors.append(str(exc))
+                    continue
+                configs.append(cfg)
+                devices.append(
+                    PreparedDevice(request=result["request"], pool=result["pool"], device=result["device"])
+                )
+            if errors:
+                # Profiles allocated in this call go back, with their provisional records.
+                await self._release_profiles([c for c in configs if c.revision == 0], delete=True)
+                raise ClaimError(f"claim {ref}: " + "; ".join(errors))
+            return configs, devices, timings
+        except ClaimError as exc:
+            return exc
+        except (KubeError, InventoryError, StoreCallError) as exc:
+            return ClaimError(f"claim {ref}: {exc}")
+
+    def _consumer_pod(self, ref: ClaimRef, claim: dict[str, Any]) -> st.PodRef:
+        """dra.net devices go into exactly one Pod: the claim's only consumer."""
+        reserved = (claim.get("status") or {}).get("reservedFor") or []
+        pods = [r for r in reserved if r.get("resource") == "pods" and not r.get("apiGroup")]
+        if len(pods) != 1 or len(reserved) != 1:
+            raise ClaimError(
+                f"claim {ref}: reservedFor must name exactly one Pod for dra.net devices, "
+                f"got {[r.get('resource', '?') + '/' + r.get('name', '?') for r in reserved]}"
+            )
+        return st.PodRef(uid=pods[0].get("uid", ""), namespace=ref.namespace, name=pods[0].get("name", ""))
+
+    async def _prepare_device(
+        self,
+        ref: ClaimRef,
+        pod: st.PodRef,
+        result: dict[str, Any],
+        entries: list[dict[str, Any]],
+        node: inv.NodeInfo,
+        timings: Timings,
+    ) -> st.DeviceConfig:
+        request = result.get("request", "")
+        device = result.get("device", "")
+        where = f"request {request} device {device}"
+        if result.get("pool") != self.node_name:
+            raise ClaimError(
+                f"{where}: allocated from pool {result.get('pool')!r}, not from this node's pool {self.node_name!r}"
+            )
+
+        existing = await self.store.get_device(pod.uid, device)
+        if existing is not None and existing.claim.uid != ref.uid:
+            raise ClaimError(
+                f"{where}: already prepared for pod {pod.namespace}/{pod.name} by claim "
+                f"{existing.claim.namespace}/{existing.claim.name}"
+            )
+        if existing is not None and not existing.provisional:
+            return existing  # idempotent: reuse, allocate nothing new
+
+        t0 = time.perf_counter()
+        dev = await self.inventory.get_device(device)
+        timings.inventory += time.perf_counter() - t0
+        if dev is None:
+            if existing is not None:
+                await self._release_profiles([existing], delete=True)
+            raise ClaimError(f"{where}: no such device on node {self.node_name} (it vanished or was renamed)")
+
+        t_pipe = time.perf_counter()
+        profile_owned: st.DeviceConfig | None = existing
+        if existing is not None:
+            # A provisional record left by an earlier attempt: resume after the
+            # profile step with the profile it already holds.
+            merged = parse_network_config(existing.pod_config_json) or NetworkConfig()
+        else:
+            picked = pick_config(entries, request, self.driver)
+            try:
+                picked.raise_for_errors(where)
+            except ConfigError as exc:
+                raise ClaimError(str(exc)) from None
+            user = picked.config
+            if dev.rdma_only:
+                _raise_field_errors(where, validate_rdma_only(user))
+            try:
+                provider = (
+                    parse_network_config(dev.provider_config_json) if dev.provider_config_json else None
+                )
+            except ConfigError as exc:
+                raise ClaimError(f"{where}: the provider config is invalid: {exc}") from None
+            merged = merge(user, provider)
+            if merged.profile:
+                profile_owned = await self._resolve_profile(ref, pod, result, dev, merged, node, where)
+                merged = parse_network_config(profile_owned.pod_config_json) or NetworkConfig()
+
+        try:
+            final = finalize(merged)
+            self._check_against_device(final, dev, node, where)
+        except (ConfigError, ClaimError) as exc:
+            if profile_owned is not None:
+                await self._release_profiles([profile_owned], delete=True)
+            msg = str(exc) if isinstance(exc, ClaimError) else f"{where}: {exc}"
+            raise ClaimError(msg) from None
+
+        snap = dev.snapshot
+        final = apply_host_snapshot(final, _host_snapshot(snap))
+        if dev.ifname and not final.interface.name:
+            # Without a name in the config the interface keeps its host name.
+            final = replace(final, interface=replace(final.interface, name=dev.ifname))
+        host = NetworkConfig(
+            interface=InterfaceConfig(
+                name=dev.ifname,
+                mtu=snap.mtu or None,
+                hardware_addr=snap.hardware_addr or None,
+                addresses=tuple(a.cidr for a in snap.addresses),
+            ),
+            routes=tuple(_route(r) for r in snap.routes),
+            rules=tuple(_rule(r) for r in snap.rules),
+        )
+        cfg = st.DeviceConfig(
+            pod=pod,
+            device=device,
+            claim=st.ClaimRef(uid=ref.uid, namespace=ref.namespace, name=ref.name),
+            request=request,
+            driver=self.driver,
+            pool=self.node_name,
+            host_ifname=dev.ifname,
+            pod_config_json=final.to_json(),
+            host_config_json=host.to_json(),
+            rdma=st.RdmaConfig(
+                link_dev=snap.rdma_device or dev.rdma_device,
+                dev_chars=[
+                    st.LinuxDevice(
+                        path=d.path,
+                        type=d.type,
+                        major=d.major,
+                        minor=d.minor,
+                        file_mode=d.file_mode,
+                        uid=d.uid,
+                        gid=d.gid,
+                    )
+                    for d in snap.rdma_dev_chars
+                ],
+            ),
+            profile=final.profile,
+            rdma_netns_mode=node.rdma_netns_mode or "shared",
+            prepared_unix_nano=time.time_ns(),
+        )
+        timings.pipeline += time.perf_counter() - t_pipe
+        return cfg
+
+    async def _resolve_profile(
+        self,
+        ref: ClaimRef,
+        pod: st.PodRef,
+        result: dict[str, Any],
+        dev: inv.Device,
+        merged: NetworkConfig,
+        node: inv.NodeInfo,
+        where: str,
+    ) -> st.DeviceConfig:
+        """Ask the profile provider, merge its answer, and save a provisional record
+        so that a crash before the final save cannot lead to a second allocation."""
+        if not node.has_profile_provider:
+            raise ClaimError(
+                f"{where}: profile {merged.profile!r} requested, but node {self.node_name} has no profile provider"
+            )
+        config_json = await self.inventory.resolve_profile(
+            dev.name, ref.uid, pod.uid, merged.profile, merged.to_json()
+        )
+        provisional = st.DeviceConfig(
+            pod=pod,
+            device=dev.name,
+            claim=st.ClaimRef(uid=ref.uid, namespace=ref.namespace, name=ref.name),
+            request=result.get("request", ""),
+            driver=self.driver,
+            pool=self.node_name,
+            host_ifname=dev.ifname,
+            profile=merged.profile,
+            pod_config_json=merged.to_json(),
+            provisional=True,
+        )
+        try:
+            profile_cfg = parse_network_config(config_json) if config_json else None
+        except ConfigError as exc:
+            await self._release_profiles([provisional])
+            raise ClaimError(
+                f"{where}: profile {merged.profile!r} returned an invalid config: {exc}"
+            ) from None
+        provisional.pod_config_json = merge(merged, profile_cfg).to_json()
+        try:
+            await self.store.put_devices([provisional])
+        except StoreCallError as exc:
+            await self._release_profiles([provisional])
+            raise ClaimError(f"{where}: saving the allocated profile failed: {exc}") from None
+        return provisional
+
+    def _check_against_device(
+        self, cfg: NetworkConfig, dev: inv.Device, node: inv.NodeInfo, where: str
+    ) -> None:
+        """What only the inventory knows: MTU limits, IPvlan and RDMA constraints."""
+        itf = cfg.interface
+        snap = dev.snapshot
+        if dev.rdma_only:
+            _raise_field_errors(where, validate_rdma_only(replace(cfg, profile="")))
+            return
+        if not dev.ifname:
+            raise ClaimError(f"{where}: the device has no network interface")
+        if itf.mtu is not None and dev.is_sriov_vf:
+            pf_mtu = snap.pf_mtu or dev.pf_mtu
+            pf = snap.pf_ifname or dev.pf_ifname
+            if pf_mtu and itf.mtu > pf_mtu:
+                raise ClaimError(f"{where}: interface.mtu {itf.mtu} exceeds PF {pf} MTU {pf_mtu}")
+        if itf.effective_type == InterfaceType.IPVLAN:
+            if node.rdma_netns_mode == RDMA_EXCLUSIVE:
+                raise ClaimError(
+                    f"{where}: interface.type IPVLAN is not supported when the node's RDMA netns mode is exclusive"
+                )
+            parent_mtu = snap.mtu or dev.mtu
+            if itf.mtu is not None and parent_mtu and itf.mtu > parent_mtu:
+                raise ClaimError(
+                    f"{where}: interface.mtu {itf.mtu} exceeds parent {dev.ifname} MTU {parent_mtu}"
+                )
+
+    async def _release_profiles(self, configs: Sequence[st.DeviceConfig], delete: bool = False) -> None:
+        for cfg in configs:
+            if not cfg.profile:
+                continue
+            try:
+                await self.inventory.release_profile(
+                    cfg.device, cfg.claim.uid, cfg.profile, cfg.pod_config_json
+                )
+                if delete or cfg.provisional:
+                    await self.store.delete_device(cfg.pod.uid, cfg.device)
+            except (InventoryError, StoreCallError) as exc:
+                # The provisional record stays, so unprepare or a retry releases it.
+                log.error(
+                    "releasing a profile failed",
+                    extra=log_fields(
+                        device=cfg.device, claim_uid=cfg.claim.uid, profile=cfg.profile, error=str(exc)
+                    ),
+                )
+
+    # --- unprepare ----------------------------------------------------------------------
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        """Release each claim's profiles and remove its configs; "" = success.
+        Idempotent: a claim with nothing stored succeeds."""
+        out: dict[str, str] = {}
+        for ref in claims:
+            try:
+                stored = (await self.store.list(claim_uid=ref.uid)).devices
+                for cfg in stored:
+                    if cfg.profile:
+                        await self.inventory.release_profile(
+                            cfg.device, ref.uid, cfg.profile, cfg.pod_config_json
+                        )
+                removed = await self.store.delete_claim(ref.uid)
+                out[ref.uid] = ""
+                log.info(
+                    "claim unprepared",
+                    extra=log_fields(claim=str(ref), claim_uid=ref.uid, devices=[d.device for d in removed]),
+                )
+            except (InventoryError, StoreCallError) as exc:
+                # Configs stay stored, so the kubelet's retry releases them again.
+                out[ref.uid] = f"claim {ref}: {exc}"
+                log.warning("unprepare failed", extra=log_fields(claim=str(ref), error=str(exc)))
+        return out
+
+
+def _raise_field_errors(where: str, errors: list[FieldError]) -> None:
+    if errors:
+        raise ClaimError(f"{where}: " + "; ".join(str(e) for e in errors))
+
+
+def _route(r: inv.Route) -> RouteConfig:
+    return RouteConfig(
+        destination=r.destination, gateway=r.gateway, source=r.source, scope=r.scope, table=r.table
+    )
+
+
+def _rule(r: inv.Rule) -> RuleConfig:
+    return RuleConfig(priority=r.priority, source=r.source, destination=r.destination, table=r.table)
+
+
+def _host_snapshot(snap: inv.HostSnapshot) -> HostSnapshot:
+    return HostSnapshot(
+        addresses=tuple(a.cidr for a in snap.addresses),
+        routes=tuple(_route(r) for r in snap.routes),
+        rules=tuple(_rule(r) for r in snap.rules),
+        neighbors=tuple(
+            NeighborConfig(destination=n.destination, hardware_addr=n.hardware_addr) for n in snap.neighbors
+        ),
+    )
