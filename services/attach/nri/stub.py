@@ -332,14 +332,16 @@ class NriStub:
                 log.error("NRI registration as %s-%s failed: %s", cfg.plugin_idx, cfg.plugin_name, e)
                 return False
             log.info("registered with the NRI runtime as %s-%s", cfg.plugin_idx, cfg.plugin_name)
-            if not await self._first(session.synced.wait(), conn.wait_closed(), timeout_s=cfg.sync_timeout):
+            if not await self._first(
+                session.synced.wait(), conn.wait_closed(), self._stop.wait(), timeout_s=cfg.sync_timeout
+            ):
                 reason = f"no Synchronize within {cfg.sync_timeout}s"
                 log.error(
                     "NRI runtime did not synchronize the plugin within %ss; reconnecting", cfg.sync_timeout
                 )
                 return False
-            if not session.synced.is_set():
-                reason = conn.close_reason
+            if not session.synced.is_set() or self._stop.is_set():
+                reason = "plugin stopping" if self._stop.is_set() else conn.close_reason
                 return False
             self._connected.set()
             info = session.runtime
@@ -392,8 +394,8 @@ class NriStub:
         }
         for event in self.events:
             if event in _NOTIFICATIONS:
-                hook, rpc, req_type, resp_type = _NOTIFICATIONS[event]
-                methods[rpc] = self._method(req_type, self._notification(event, hook, resp_type))
+                _, rpc, req_type, resp_type = _NOTIFICATIONS[event]
+                methods[rpc] = self._method(req_type, self._notification(event, resp_type))
         if nri_pb2.CREATE_CONTAINER in self.events:
             methods["CreateContainer"] = self._method(nri_pb2.CreateContainerRequest, self._create_container)
         if nri_pb2.UPDATE_CONTAINER in self.events:
@@ -510,7 +512,7 @@ class NriStub:
         return nri_pb2.Empty()
 
     def _notification(
-        self, event: int, hook: str, resp_type: type[ProtoMessage]
+        self, event: int, resp_type: type[ProtoMessage]
     ) -> Callable[[Any], Awaitable[ProtoMessage]]:
         async def handle(req: Any) -> ProtoMessage:
             await self._notify(event, req.pod, None if event in _POD_EVENTS else req.container)
