@@ -1,0 +1,109 @@
+"""The Helm chart, rendered by a real Helm engine (Helm v4 SDK) and checked
+against the Kubernetes 1.34 OpenAPI schemas (strict: unknown fields fail)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+
+CHART = Path(__file__).resolve().parents[3] / "charts" / "dranet"
+K8S_VERSION = "1.34.0"
+
+
+def render(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    with helm.Chart.load(str(CHART)) as chart:
+        manifests = chart.render(values or {}, name="dranet", namespace="kube-system")
+    docs = [d for text in manifests.values() for d in yaml.safe_load_all(text) if d]
+    assert docs, "the chart rendered nothing"
+    return docs
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def test_lint_has_no_errors() -> None:
+    result = helm.lint(str(CHART))
+    assert result["errors"] == [], result
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {},
+        {
+            "kubeletRootDir": "/data/kubelet",
+            "inventory": {"filter": 'device.attributes["dra.net"].rdma == true'},
+        },
+        {"serviceAccount": {"create": False, "name": "existing"}, "deviceClass": {"create": False}},
+    ],
+    ids=["defaults", "custom", "no-sa-no-class"],
+)
+def test_every_object_validates_against_the_real_schema(values: dict[str, Any]) -> None:
+    for doc in render(values):
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_four_services_each_with_its_own_settings() -> None:
+    values = {
+        "image": {"repository": "example/dranet", "tag": "1.2.3"},
+        "attach": {"image": {"tag": "1.2.4"}, "logLevel": "DEBUG"},
+        "store": {"resources": {"limits": {"memory": "1Gi"}}},
+    }
+    (ds,) = by_kind(render(values), "DaemonSet")
+    containers = {c["name"]: c for c in ds["spec"]["template"]["spec"]["containers"]}
+    assert list(containers) == ["store", "inventory", "prepare", "attach"]
+    for name, c in containers.items():
+        assert c["command"] == ["python", "-m", f"services.{name}"]
+        assert "--run-dir=/var/run/dranet" in c["args"]
+        assert c["securityContext"] and c["resources"]
+    assert containers["store"]["image"] == "example/dranet:1.2.3"
+    assert containers["attach"]["image"] == "example/dranet:1.2.4"
+    assert "--log-level=DEBUG" in containers["attach"]["args"]
+    assert "--log-level=INFO" in containers["prepare"]["args"]
+    assert containers["store"]["resources"]["limits"]["memory"] == "1Gi"
+    # Only attach is privileged; the store needs no capabilities at all.
+    assert containers["attach"]["securityContext"].get("privileged") is True
+    assert containers["store"]["securityContext"]["capabilities"]["drop"] == ["ALL"]
+
+
+def test_kubelet_root_dir_is_one_value_for_host_and_mount_paths() -> None:
+    (ds,) = by_kind(render({"kubeletRootDir": "/data/kubelet"}), "DaemonSet")
+    spec = ds["spec"]["template"]["spec"]
+    host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
+    assert host["kubelet-plugins"] == "/data/kubelet/plugins"
+    assert host["kubelet-plugins-registry"] == "/data/kubelet/plugins_registry"
+    prepare = next(c for c in spec["containers"] if c["name"] == "prepare")
+    mounts = {m["name"]: m["mountPath"] for m in prepare["volumeMounts"]}
+    assert mounts["kubelet-plugins"] == "/data/kubelet/plugins"
+    assert mounts["kubelet-plugins-registry"] == "/data/kubelet/plugins_registry"
+    assert "--kubelet-root-dir=/data/kubelet" in prepare["args"]
+
+
+def test_rbac_allows_what_the_services_do_and_no_more() -> None:
+    docs = render()
+    (role,) = by_kind(docs, "ClusterRole")
+    grants = {
+        (g, r, v)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+    for needed in [
+        ("resource.k8s.io", "resourceslices", "create"),
+        ("resource.k8s.io", "resourceslices", "watch"),
+        ("resource.k8s.io", "resourceclaims", "get"),
+        ("resource.k8s.io", "resourceclaims/status", "patch"),
+        ("", "events", "create"),
+        ("", "nodes", "get"),
+    ]:
+        assert needed in grants
+    assert not [g for g in grants if g[2] in ("*", "deletecollection") or g[1] in ("secrets", "pods")]
+    (binding,) = by_kind(docs, "ClusterRoleBinding")
+    assert binding["subjects"][0]["name"] == "dranet"
