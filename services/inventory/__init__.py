@@ -1,0 +1,1 @@
+"""dranet-inventory: device discovery, ResourceSlice publishing and device lookups."""

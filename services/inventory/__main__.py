@@ -1,0 +1,274 @@
+"""dranet-inventory: discovers the node's network and RDMA devices, publishes them
+as ResourceSlices and answers device lookups on <run-dir>/inventory.sock.
+
+    python -m services.inventory --node-name node1 --kubeconfig kubeconfig.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import socket
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from services.inventory.cloud import discovery as cloud_discovery
+from services.inventory.cloud.base import Providers
+from services.inventory.cloud.host import HostFacts
+from services.inventory.discovery import Device
+from services.inventory.filter import DEFAULT_FILTER, DeviceFilter, FilterError
+from services.inventory.inventory import (
+    DEFAULT_MAX_POLL_INTERVAL,
+    DEFAULT_MIN_POLL_INTERVAL,
+    DEFAULT_POLL_BURST,
+    Inventory,
+    InventoryConfig,
+)
+from services.inventory.publisher import Publisher, SliceClient, make_api_client
+from services.inventory.rdma import read_netns_mode
+from services.inventory.server import InventoryServicer
+from shared import service
+from shared.admin import AdminServicer
+from shared.rpc import UdsServer
+
+log = logging.getLogger("services.inventory")
+
+SERVICE = "inventory"
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from a Go duration ("2s", "1m30s", "500ms") or a plain number of seconds."""
+    text = text.strip()
+    try:
+        value = float(text)
+    except ValueError:
+        pos, total = 0, 0.0
+        for m in _DURATION_PART.finditer(text):
+            if m.start() != pos:
+                break
+            total += float(m.group(1)) * _UNITS[m.group(2)]
+            pos = m.end()
+        if pos != len(text) or not text:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a duration (e.g. 2s, 1m, 500ms)") from None
+        value = total
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a duration cannot be negative")
+    return value
+
+
+def parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "t", "true", "yes", "y", "on"):
+        return True
+    if value in ("0", "f", "false", "no", "n", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not a boolean (true or false)")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = service.base_parser(
+        SERVICE, "Discovers network and RDMA devices, publishes ResourceSlices, answers device lookups."
+    )
+    p.add_argument(
+        "--node-name",
+        "--hostname-override",
+        dest="node_name",
+        default=os.environ.get("NODE_NAME") or socket.gethostname(),
+        help="the Node this inventory publishes for (default: $NODE_NAME, else the hostname)",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        default=os.environ.get("KUBECONFIG", ""),
+        help="kubeconfig of the API server (default: $KUBECONFIG, else the in-cluster config)",
+    )
+    p.add_argument(
+        "--no-publish",
+        action="store_true",
+        help="do not talk to an API server: discover and answer lookups only",
+    )
+    p.add_argument("--sysfs-root", default="/sys", help="where sysfs is mounted")
+    p.add_argument("--dev-root", default="/dev", help="where /dev is (for the RDMA device files)")
+    p.add_argument(
+        "--pci-ids",
+        default="",
+        help="the pci.ids database for vendor/device names (default: $PCIDB_PATH, then the system's)",
+    )
+    p.add_argument(
+        "--filter",
+        default=DEFAULT_FILTER,
+        help="CEL expression over `attributes` a device must pass to be published; empty publishes all "
+        "(default hides veth links)",
+    )
+    p.add_argument(
+        "--min-poll-interval",
+        "--inventory-min-poll-interval",
+        dest="min_poll_interval",
+        type=parse_duration,
+        default=DEFAULT_MIN_POLL_INTERVAL,
+        help="minimum time between two scans once the burst is used (default 2s)",
+    )
+    p.add_argument(
+        "--max-poll-interval",
+        "--inventory-max-poll-interval",
+        dest="max_poll_interval",
+        type=parse_duration,
+        default=DEFAULT_MAX_POLL_INTERVAL,
+        help="maximum time between two scans without any link event (default 1m)",
+    )
+    p.add_argument(
+        "--poll-burst",
+        "--inventory-poll-burst",
+        dest="poll_burst",
+        type=positive_int,
+        default=DEFAULT_POLL_BURST,
+        help="scans that may run back to back before --min-poll-interval applies (default 5)",
+    )
+    p.add_argument(
+        "--move-ib-interfaces",
+        type=parse_bool,
+        default=True,
+        nargs="?",
+        const=True,
+        help="hand out IPoIB netdevs with their PCI device (true); false publishes such devices RDMA-only",
+    )
+    cloud_discovery.add_flags(p)
+    return p
+
+
+def _health(inventory: Inventory, publisher: Publisher | None) -> tuple[bool, str]:
+    if not inventory.ready:
+        return False, "first scan not done"
+    if publisher is not None and not publisher.healthy:
+        return False, f"ResourceSlices not published yet: {publisher.last_error or 'in progress'}"
+    return True, ""
+
+
+async def run(args: argparse.Namespace, device_filter: DeviceFilter | None, stop: asyncio.Event) -> None:
+    """Wire and run the service until ``stop`` is set."""
+    node = args.node_name
+    rdma_mode = await asyncio.to_thread(read_netns_mode)
+    api_client: Any = None
+    if not args.no_publish:
+        api_client = await make_api_client(args.kubeconfig)
+    providers: Providers | None = None
+    publisher: Publisher | None = None
+    server: UdsServer | None = None
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        node_labels = None
+        if api_client is not None:
+            from services.inventory.cloud.coreweave import kube_node_labels
+
+            node_labels = kube_node_labels(api_client, node)
+        providers = await cloud_discovery.setup_providers(
+            cloud_discovery.CloudOptions.from_args(args),
+            host=HostFacts(sysfs_root=args.sysfs_root),
+            node_name=node,
+            node_labels=node_labels,
+        )
+        if api_client is not None:
+            publisher = Publisher(SliceClient(api_client), node, resync=max(args.max_poll_interval, 1.0))
+        pub = publisher
+
+        def on_publish(devices: Sequence[Device]) -> None:
+            if pub is not None:
+                pub.set_devices([d.slice_entry() for d in devices])
+
+        inventory = Inventory(
+            InventoryConfig(
+                sysfs_root=args.sysfs_root,
+                dev_root=args.dev_root,
+                pci_ids=args.pci_ids,
+                move_ib_interfaces=args.move_ib_interfaces,
+                min_poll_interval=args.min_poll_interval,
+                max_poll_interval=args.max_poll_interval,
+                poll_burst=args.poll_burst,
+            ),
+            providers=providers,
+            device_filter=device_filter,
+            on_publish=on_publish,
+        )
+        await inventory.start()
+        servicer = InventoryServicer(
+            inventory, node_name=node, rdma_netns_mode=rdma_mode, providers=providers, publisher=publisher
+        )
+        admin = AdminServicer(SERVICE, health=lambda: _health(inventory, publisher))
+        server = (
+            UdsServer(service.socket_path(args.run_dir, SERVICE)).add(servicer.register).add(admin.register)
+        )
+        if publisher is not None:
+            tasks.append(asyncio.create_task(publisher.run(stop), name="publisher"))
+        tasks.append(asyncio.create_task(inventory.run(stop), name="rescan"))
+        await server.start()
+        log.info(
+            "inventory started",
+            extra={
+                "node": node,
+                "socket": str(server.path),
+                "rdma_netns_mode": rdma_mode,
+                "cloud_provider": providers.cloud_name,
+                "publish": publisher is not None,
+                "filter": device_filter.expression if device_filter else "",
+            },
+        )
+        stopper = asyncio.ensure_future(stop.wait())
+        done, _ = await asyncio.wait({stopper, *tasks}, return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        for t in done:
+            if t is not stopper and t.exception() is not None:
+                raise RuntimeError(f"{t.get_name()} task failed") from t.exception()
+        log.info("stopping; ResourceSlices are left for the kubelet to clean up, as dranet does")
+    finally:
+        stop.set()
+        if server is not None:
+            await server.stop()
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        if providers is not None:
+            await providers.close()
+        if api_client is not None:
+            await api_client.close()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if not args.node_name:
+        print("dranet-inventory: --node-name is empty and there is no hostname", file=sys.stderr)
+        raise SystemExit(2)
+    try:
+        cloud_discovery.CloudOptions.from_args(args)
+    except ValueError as exc:
+        print(f"dranet-inventory: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    device_filter = None
+    if args.filter.strip():
+        try:
+            device_filter = DeviceFilter(args.filter)
+        except FilterError as exc:
+            print(f"dranet-inventory: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
+    service.run(SERVICE, args.log_level, lambda stop: run(args, device_filter, stop))
+
+
+if __name__ == "__main__":
+    main()

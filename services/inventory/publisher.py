@@ -1,0 +1,326 @@
+"""Publishes the node's devices as resource.k8s.io/v1 ResourceSlices.
+
+One pool per node, named after the node, driver dra.net; slices are owned by the
+Node (ownerReference, controller) and named by the API server from
+``<node>-dra.net-``. ``pooling.plan`` decides the writes; this module makes them
+and keeps what the API server holds in a cache, so an unchanged device set costs
+no API call at all. The cache is dropped and re-listed after any error (409
+conflict, 404, outage) and refreshed every ``resync`` seconds, so changes made
+by someone else are repaired and a create whose answer was lost never becomes a
+duplicate slice.
+
+On shutdown the slices are left in place, as dranet does: the kubelet deletes a
+driver's slices when the plugin stays unregistered, and a restarted inventory
+takes its slices over without churn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from services.inventory import pooling
+from services.inventory.pooling import Json, PublishedSlice
+
+log = logging.getLogger(__name__)
+
+DRIVER = "dra.net"
+API_VERSION = "resource.k8s.io/v1"
+
+
+class ApiError(Exception):
+    """The API server answered with an error status (0: no answer at all)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}" if status else message)
+        self.status = status
+
+
+class SliceClient:
+    """ResourceSlice and Node calls as raw dicts over a kubernetes-asyncio ApiClient.
+
+    Raw JSON skips the client's model (de)serialization, which costs milliseconds
+    per 128-device slice; every call has a timeout.
+    """
+
+    def __init__(self, api_client: Any, timeout: float = 10.0) -> None:
+        from kubernetes_asyncio import client
+
+        self.api_client = api_client
+        self.resource = client.ResourceV1Api(api_client)
+        self.core = client.CoreV1Api(api_client)
+        self.timeout = timeout
+
+    async def _call(self, method: Any, *args: Any, **kwargs: Any) -> Json:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            resp = await method(*args, _preload_content=False, _request_timeout=self.timeout, **kwargs)
+        except ApiException as exc:
+            raise ApiError(int(exc.status or 0), str(exc.reason or exc)) from None
+        except (TimeoutError, OSError) as exc:
+            raise ApiError(0, f"API server unreachable: {exc!r}") from None
+        except Exception as exc:  # aiohttp.ClientError and friends
+            if type(exc).__module__.startswith("aiohttp"):
+                raise ApiError(0, f"API server unreachable: {exc!r}") from None
+            raise
+        try:
+            body = await resp.read()
+        finally:
+            resp.release()
+        if not 200 <= resp.status <= 299:
+            message = body.decode(errors="replace")
+            try:
+                message = json.loads(message).get("message", message)
+            except (ValueError, AttributeError):
+                pass
+            raise ApiError(resp.status, message)
+        data = json.loads(body) if body else {}
+        return data if isinstance(data, dict) else {}
+
+    async def list_slices(self, node_name: str, driver: str) -> list[Json]:
+        out: list[Json] = []
+        cont = ""
+        while True:
+            kw: dict[str, Any] = {"field_selector": f"spec.nodeName={node_name},spec.driver={driver}"}
+            if cont:
+                kw["_continue"] = cont
+            page = await self._call(self.resource.list_resource_slice, **kw)
+            out.extend(page.get("items") or [])
+            cont = (page.get("metadata") or {}).get("continue") or ""
+            if not cont:
+                return out
+
+    async def create_slice(self, obj: Json) -> Json:
+        return await self._call(self.resource.create_resource_slice, obj)
+
+    async def replace_slice(self, name: str, obj: Json) -> Json:
+        return await self._call(self.resource.replace_resource_slice, name, obj)
+
+    async def delete_slice(self, name: str, uid: str, resource_version: str) -> None:
+        body = {"preconditions": {"uid": uid, "resourceVersion": resource_version}}
+        try:
+            await self._call(self.resource.delete_resource_slice, name, body=body)
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+
+    async def node_uid(self, name: str) -> str:
+        node = await self._call(self.core.read_node, name)
+        return str((node.get("metadata") or {}).get("uid", ""))
+
+
+@dataclass
+class PublishStats:
+    """What the publisher has done since start (for logs, tests and the benchmark)."""
+
+    creates: int = 0
+    updates: int = 0
+    deletes: int = 0
+    lists: int = 0
+    syncs: int = 0
+    errors: int = 0
+
+    @property
+    def writes(self) -> int:
+        return self.creates + self.updates + self.deletes
+
+
+class Publisher:
+    """Keeps the node's ResourceSlices equal to the last device list it was given."""
+
+    def __init__(
+        self,
+        client: SliceClient,
+        node_name: str,
+        *,
+        driver: str = DRIVER,
+        resync: float = 60.0,
+        backoff_initial: float = 0.5,
+        backoff_max: float = 30.0,
+        max_per_slice: int = pooling.MAX_DEVICES_PER_SLICE,
+    ) -> None:
+        self.client = client
+        self.node_name = node_name
+        self.pool_name = node_name
+        self.driver = driver
+        self.resync = resync
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.max_per_slice = max_per_slice
+        self.stats = PublishStats()
+        self._desired: list[Json] | None = None
+        self._version = 0  # bumps with every set_devices
+        self._synced_version = 0
+        self._cache: dict[str, PublishedSlice] | None = None
+        self._cache_time = 0.0
+        self._owner_uid = ""
+        self._wake = asyncio.Event()
+        self._synced = asyncio.Condition()
+        self.last_error = ""
+
+    # --- input -----------------------------------------------------------------------------------
+
+    def set_devices(self, devices: Sequence[Json]) -> None:
+        """Publish exactly ``devices`` (ResourceSlice device dicts) from now on."""
+        self._desired = list(devices)
+        self._version += 1
+        self._wake.set()
+
+    @property
+    def healthy(self) -> bool:
+        """True once the latest device list is on the API server."""
+        return self._desired is not None and self._synced_version == self._version
+
+    async def wait_synced(self, within: float) -> bool:
+        """Wait until the device list given so far is published; False on timeout."""
+        target = self._version
+
+        async def done() -> None:
+            async with self._synced:
+                await self._synced.wait_for(lambda: self._synced_version >= target)
+
+        try:
+            await asyncio.wait_for(done(), within)
+        except TimeoutError:
+            return False
+        return True
+
+    # --- loop ------------------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Sync whenever the devices change, retrying with backoff, until ``stop``."""
+        backoff = self.backoff_initial
+        stopper = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set():
+                waker = asyncio.ensure_future(self._wake.wait())
+                await asyncio.wait({waker, stopper}, timeout=self.resync, return_when=asyncio.FIRST_COMPLETED)
+                waker.cancel()
+                if stop.is_set():
+                    return
+                self._wake.clear()
+                if self._desired is None:
+                    continue
+                version = self._version
+                try:
+                    await self.sync()
+                except ApiError as exc:
+                    self.stats.errors += 1
+                    self._cache = None
+                    self.last_error = str(exc)
+                    delay = backoff * (0.5 + random.random() / 2)
+                    log.warning(
+                        "publishing ResourceSlices failed; retrying in %.1fs: %s",
+                        delay,
+                        exc,
+                        extra={"node": self.node_name, "status": exc.status},
+                    )
+                    backoff = min(backoff * 2, self.backoff_max)
+                    await asyncio.wait({stopper}, timeout=delay)
+                    self._wake.set()
+                    continue
+                backoff = self.backoff_initial
+                self.last_error = ""
+                async with self._synced:
+                    self._synced_version = max(self._synced_version, version)
+                    self._synced.notify_all()
+        finally:
+            stopper.cancel()
+
+    async def sync(self) -> pooling.Plan:
+        """One reconciliation against the API server; raises ApiError."""
+        self.stats.syncs += 1
+        desired = list(self._desired or [])
+        if not self._owner_uid:
+            try:
+                self._owner_uid = await self.client.node_uid(self.node_name)
+            except ApiError as exc:
+                if exc.status == 404:
+                    raise ApiError(
+                        404, f"node {self.node_name} not found: its slices need it as owner"
+                    ) from None
+                raise
+        if self._cache is None or time.monotonic() - self._cache_time > self.resync:
+            items = await self.client.list_slices(self.node_name, self.driver)
+            self.stats.lists += 1
+            self._cache = {}
+            for obj in items:
+                s = PublishedSlice.from_object(obj)
+                self._cache[s.name] = s
+            self._cache_time = time.monotonic()
+        cache = self._cache
+        p = pooling.plan(self.pool_name, self.node_name, desired, list(cache.values()), self.max_per_slice)
+        if p.empty:
+            return p
+        log.info(
+            "updating ResourceSlices",
+            extra={
+                "node": self.node_name,
+                "generation": p.generation,
+                "slices": p.slice_count,
+                "updates": len(p.updates),
+                "creates": len(p.creates),
+                "deletes": len(p.deletes),
+                "devices": len(desired),
+            },
+        )
+        for upd in p.updates:
+            obj = dict(upd.slice.raw)
+            obj["spec"] = self._spec(p, upd.devices)
+            saved = await self.client.replace_slice(upd.slice.name, obj)
+            self.stats.updates += 1
+            s = PublishedSlice.from_object(saved)
+            cache[s.name] = s
+        for devices in p.creates:
+            saved = await self.client.create_slice(self._new_slice(p, devices))
+            self.stats.creates += 1
+            s = PublishedSlice.from_object(saved)
+            cache[s.name] = s
+        for old in p.deletes:
+            await self.client.delete_slice(old.name, old.uid, old.resource_version)
+            self.stats.deletes += 1
+            cache.pop(old.name, None)
+        return p
+
+    def _spec(self, p: pooling.Plan, devices: Sequence[Json]) -> Json:
+        return pooling.slice_spec(
+            self.driver, self.pool_name, self.node_name, p.generation, p.slice_count, devices
+        )
+
+    def _new_slice(self, p: pooling.Plan, devices: Sequence[Json]) -> Json:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": "ResourceSlice",
+            "metadata": {
+                "generateName": pooling.generate_name(self.node_name, self.driver),
+                "ownerReferences": [
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Node",
+                        "name": self.node_name,
+                        "uid": self._owner_uid,
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": self._spec(p, devices),
+        }
+
+
+async def make_api_client(kubeconfig: str) -> Any:
+    """A kubernetes-asyncio ApiClient from ``kubeconfig``, or the in-cluster config."""
+    from kubernetes_asyncio import client, config
+
+    cfg = client.Configuration()
+    if kubeconfig:
+        await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    else:
+        config.load_incluster_config(client_configuration=cfg)
+    return client.ApiClient(configuration=cfg)
