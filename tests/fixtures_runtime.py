@@ -21,8 +21,9 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,7 @@ class DraCall:
     version: str  # "v1" or "v1beta1": the service package that was called
     method: str  # NodePrepareResources | NodeUnprepareResources
     claims: tuple[tuple[str, str, str], ...]  # (namespace, name, uid)
+    at_ns: int = field(default_factory=time.time_ns)
 
 
 class FakeDraPlugin:
@@ -157,7 +159,10 @@ class FakeDraPlugin:
         self.prepare_abort: grpc.StatusCode | None = None
         self.unprepare_abort: grpc.StatusCode | None = None
         self.prepared: set[str] = set()
+        # Called on every DRA call before it is answered, e.g. to look at the host at that moment.
+        self.on_call: Callable[[DraCall], None] | None = None
         self._reg: UdsServer | None = None
+        self._retired: list[UdsServer] = []
         self._dra = UdsServer(self.endpoint, mode=0o600)
         stubs = {"v1": (dra_v1_pb2, dra_v1_pb2_grpc), "v1beta1": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc)}
         for v in serve:
@@ -189,7 +194,24 @@ class FakeDraPlugin:
             await self._reg.stop(grace=0)
             self.registration_up = False
 
+    async def replace_registration(self) -> None:
+        """Atomically put a new registration socket (new inode) where the old one was, as a
+        restarted plugin does; the old server keeps running on the unlinked socket."""
+        old = self._reg
+        tmp = self.reg_socket.with_name(f".{self.reg_socket.name}.new")  # hidden: the kubelet ignores it
+        new = UdsServer(tmp, mode=0o600)
+        new.add(lambda s: registration_pb2_grpc.add_RegistrationServicer_to_server(_Registration(self), s))
+        await new.start()
+        tmp.rename(self.reg_socket)
+        new.path = self.reg_socket
+        self._reg = new
+        if old is not None:
+            self._retired.append(old)
+
     async def stop(self) -> None:
+        # Retired servers first: stopping one unlinks the path the current server now owns.
+        for old in self._retired:
+            await old.server.stop(0)
         await self.stop_registration()
         await self._dra.stop(grace=0)
 
@@ -224,9 +246,10 @@ class _Dra:
         self.pb = pb
 
     def _record(self, method: str, request: Any) -> None:
-        self.p.calls.append(
-            DraCall(self.version, method, tuple((c.namespace, c.name, c.uid) for c in request.claims))
-        )
+        call = DraCall(self.version, method, tuple((c.namespace, c.name, c.uid) for c in request.claims))
+        self.p.calls.append(call)
+        if self.p.on_call is not None:
+            self.p.on_call(call)
 
     async def NodePrepareResources(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         self._record("NodePrepareResources", request)
