@@ -14,11 +14,14 @@ Fixtures
   ``kubelet_root``, stopped afterwards; its pods' netns are reported to the containerd fixture so
   teardown removes them even after a crash.
 - ``fake_dra_plugin``: ``await fake_dra_plugin(**kw)`` -> a started ``FakeDraPlugin``.
+
+Helpers: ``is_netns_mount(path)``, ``exists(path)``, ``mounted_under(dir)``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import tempfile
 import time
@@ -39,6 +42,29 @@ from services.devcluster.containerd import Containerd
 from services.devcluster.cri import CriClient
 from services.devcluster.kubelet import Api, Kubelet
 from shared.rpc import UdsServer
+
+# ----------------------------------------------------------------------------------------------
+# Host checks tests use around pods
+
+
+def is_netns_mount(path: str) -> bool:
+    """True when ``path`` is a bind mount of a network namespace (what `ip netns` lists)."""
+    real = os.path.realpath(path)  # /var/run is a symlink to /run
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            fstype = fields[fields.index("-") + 1]
+            if fields[4] == real and fstype == "nsfs":
+                return True
+    return False
+
+
+def exists(path: str | Path) -> bool:
+    return os.path.lexists(path)
+
+
+def mounted_under(prefix: Path) -> bool:
+    return any(str(prefix) in line for line in Path("/proc/self/mountinfo").read_text().splitlines())
 
 
 @pytest.fixture(scope="session")

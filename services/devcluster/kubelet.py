@@ -305,6 +305,8 @@ class Kubelet:
     # -- plugin events: ResourceSlice wiping ----------------------------------------------------
 
     def _on_plugin_event(self, ev: PluginEvent) -> None:
+        if self._stopping:
+            return  # a stopping kubelet neither retries pods nor wipes slices
         if ev.kind == "registered":
             t = self._wipe_tasks.pop(ev.driver, None)
             if t:

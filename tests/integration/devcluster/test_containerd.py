@@ -20,30 +20,11 @@ import pytest
 from services.devcluster import containerd as ctrd
 from services.devcluster.containerd import Containerd
 from services.devcluster.cri import ContainerConfig, CriClient, SandboxConfig
+from tests.fixtures_runtime import exists, is_netns_mount, mounted_under
 
 pytestmark = [pytest.mark.containerd, pytest.mark.root]
 
 REPO = Path(__file__).resolve().parents[3]
-
-
-def is_netns_mount(path: str) -> bool:
-    """True when ``path`` is a bind mount of a network namespace (what `ip netns` lists)."""
-    real = os.path.realpath(path)  # /var/run is a symlink to /run
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            fstype = fields[fields.index("-") + 1]
-            if fields[4] == real and fstype == "nsfs":
-                return True
-    return False
-
-
-def exists(path: str | Path) -> bool:
-    return os.path.lexists(path)
-
-
-def mounted_under(prefix: Path) -> bool:
-    return any(str(prefix) in line for line in Path("/proc/self/mountinfo").read_text().splitlines())
 
 
 def link_exists(name: str) -> bool:

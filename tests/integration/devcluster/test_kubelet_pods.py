@@ -21,8 +21,7 @@ import pytest
 from services.devcluster.containerd import Containerd
 from services.devcluster.cri import CriClient
 from services.devcluster.kubelet import POD_UID_LABEL, Kubelet
-from tests.fixtures_runtime import DraCall, FakeDraPlugin
-from tests.integration.devcluster.test_containerd import exists, is_netns_mount
+from tests.fixtures_runtime import DraCall, FakeDraPlugin, exists, is_netns_mount
 
 pytestmark = [pytest.mark.containerd, pytest.mark.root]
 
