@@ -5,7 +5,7 @@ socket) inside the test's event loop and record every request.
 
 Knobs: ``delay`` (seconds before every answer: a slow or hanging server),
 ``fail_next`` (answer that many requests with 503 first), ``healthy`` (False:
-answer everything with 503).
+answer everything with 503), ``broken`` (path -> status to answer it with).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class FakeServer:
     delay: float = 0.0
     fail_next: int = 0
     healthy: bool = True
+    broken: dict[str, int] = field(default_factory=dict)
     requests: list[Seen] = field(default_factory=list)
     url: str = ""
     _runner: web.AppRunner | None = None
@@ -56,6 +57,8 @@ class FakeServer:
             await asyncio.sleep(self.delay)
         if not self.healthy:
             return web.Response(status=503, text="service unavailable")
+        if request.path in self.broken:
+            return web.Response(status=self.broken[request.path], text="broken on purpose")
         if self.fail_next > 0:
             self.fail_next -= 1
             return web.Response(status=503, text="warming up")

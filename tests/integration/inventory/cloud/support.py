@@ -54,7 +54,8 @@ class FakeHost:
         dev = d / "infiniband" / name
         (dev / "ports" / "1").mkdir(parents=True)
         (dev / "ports" / "1" / "link_layer").write_text(f"{link_layer}\n")
-        (dev / "device").symlink_to(os.path.relpath(d, dev))
+        # The kernel's link names the PCI function ("../../../0000:00:0b.0"), not "../..".
+        (dev / "device").symlink_to(os.path.join(os.path.relpath(d.parent, dev), d.name))
         link = self.sys / "class" / "infiniband" / name
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(os.path.relpath(dev, link.parent))
