@@ -11,7 +11,7 @@ import ipaddress
 import logging
 from collections.abc import Iterable, Mapping
 
-from services.inventory.cloud.base import ATTRIBUTE_MAX_VALUE_LENGTH, Attribute, AttrKind
+from services.inventory.cloud.base import ATTRIBUTE_MAX_VALUE_LENGTH, Attribute
 
 log = logging.getLogger(__name__)
 
@@ -142,21 +142,3 @@ def limit_attributes(attrs: Mapping[str, Attribute]) -> tuple[dict[str, Attribut
     keep = ordered[:MAX_ATTRIBUTES_PER_DEVICE]
     dropped = ordered[MAX_ATTRIBUTES_PER_DEVICE:]
     return {k: attrs[k] for k in keep}, dropped
-
-
-def attribute_json(attr: Attribute) -> dict[str, object]:
-    """The resource.k8s.io DeviceAttribute JSON of ``attr``."""
-    return attr.to_json()
-
-
-def cel_view(attrs: Mapping[str, Attribute]) -> dict[str, dict[str, object]]:
-    """The ``attributes`` map dranet's --filter expressions see: each value a
-    resourcev1.DeviceAttribute with its Go field names (StringValue, IntValue,
-    BoolValue, VersionValue) and only the set one present."""
-    field = {
-        AttrKind.STRING: "StringValue",
-        AttrKind.INT: "IntValue",
-        AttrKind.BOOL: "BoolValue",
-        AttrKind.VERSION: "VersionValue",
-    }
-    return {name: {field[a.kind]: a.value} for name, a in attrs.items()}
