@@ -1,3 +1,60 @@
-"""Cloud and profile providers of the inventory (GCE, AWS, Azure, Alibaba, OKE,
-CoreWeave CKS, webhook). The interface is in ``base``; ``discovery`` detects the
-cloud and wires the providers from the flags."""
+"""Cloud and profile providers of the inventory: GCE, AWS, Azure, Alibaba, OKE,
+CoreWeave CKS and the webhook.
+
+The inventory wires them like this::
+
+    cloud.add_flags(parser)                                   # with its other flags
+    options = cloud.CloudOptions.from_args(args)
+    providers = await cloud.setup_providers(
+        options, host=cloud.HostFacts(sysfs_root=..., netns=None),
+        node_name=node, node_labels=cloud.kube_node_labels(api_client, node))
+    views = await providers.describe(devices)                 # per scan: attributes, provider config, profiles
+    ... ResolveProfile / ReleaseProfile -> cloud.rpc.resolve / cloud.rpc.release
+    await providers.close()
+"""
+
+from services.inventory.cloud.base import (
+    Attribute,
+    AttrKind,
+    CloudProvider,
+    CloudView,
+    DeviceInfo,
+    Hint,
+    ProfileError,
+    ProfileErrorCode,
+    ProfileProvider,
+    ProfileSource,
+    ProviderError,
+    Providers,
+    advertised_profiles,
+    attribute_problem,
+    strip_advertised_profile,
+)
+from services.inventory.cloud.coreweave import NodeLabels, kube_node_labels
+from services.inventory.cloud.discovery import CloudOptions, add_flags, detect, setup_providers
+from services.inventory.cloud.host import HostFacts
+
+__all__ = [
+    "AttrKind",
+    "Attribute",
+    "CloudOptions",
+    "CloudProvider",
+    "CloudView",
+    "DeviceInfo",
+    "Hint",
+    "HostFacts",
+    "NodeLabels",
+    "ProfileError",
+    "ProfileErrorCode",
+    "ProfileProvider",
+    "ProfileSource",
+    "ProviderError",
+    "Providers",
+    "add_flags",
+    "advertised_profiles",
+    "attribute_problem",
+    "detect",
+    "kube_node_labels",
+    "setup_providers",
+    "strip_advertised_profile",
+]

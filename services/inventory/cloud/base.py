@@ -16,10 +16,11 @@ so a slow or absent metadata server never holds the inventory back for long.
 from __future__ import annotations
 
 import abc
+import asyncio
 import enum
 import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -293,6 +294,20 @@ def strip_advertised_profile(
     return None if stripped.is_empty() else stripped
 
 
+@dataclass(frozen=True)
+class CloudView:
+    """What the cloud side adds to one device: attributes to publish, its provider
+    config (profile already dropped without a profile provider), and the profiles
+    it advertises (Device.profiles in dranet.inventory.v1)."""
+
+    attributes: Mapping[str, Attribute]
+    config: NetworkConfig | None
+
+    @property
+    def profiles(self) -> tuple[str, ...]:
+        return advertised_profiles(self.config)
+
+
 @dataclass
 class Providers:
     """What ``setup_providers`` wired for this node."""
@@ -348,6 +363,21 @@ class Providers:
             )
             return None
         return strip_advertised_profile(cfg, self.profiles is not None)
+
+    async def describe(self, devices: Sequence[DeviceInfo], concurrency: int = 16) -> dict[str, CloudView]:
+        """``device_attributes`` and ``provider_config`` for many devices at once (a scan),
+        with at most ``concurrency`` provider calls in flight. Never raises."""
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one(device: DeviceInfo) -> tuple[str, CloudView]:
+            async with sem:
+                attrs = await self.device_attributes(device)
+                config = await self.provider_config(device)
+            return device.name, CloudView(attributes=attrs, config=config)
+
+        if self.cloud is None:
+            return {d.name: CloudView(attributes={}, config=None) for d in devices}
+        return dict(await asyncio.gather(*(one(d) for d in devices)))
 
     async def close(self) -> None:
         if self.profiles is not None and self.profiles is not self.cloud:

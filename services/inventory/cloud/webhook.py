@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,9 @@ PATH_GET_DEVICE_CONFIG = "/GetDeviceConfig"
 PATH_GET_PROFILE_CONFIG = "/GetProfileConfig"
 PATH_RELEASE_PROFILE_CONFIG = "/ReleaseProfileConfig"
 DEFAULT_TIMEOUT = 10.0
+# After a failed attribute/config call, scans skip the webhook this long, so a
+# down webhook costs one timeout per cooldown instead of one per device.
+SCAN_COOLDOWN = 30.0
 _JSON = {"Content-Type": "application/json"}
 _STATUS_CODES = {
     400: ProfileErrorCode.INVALID,
@@ -128,6 +132,9 @@ class WebhookProvider(CloudProvider, ProfileProvider):
             ca_file=ca_file,
         )
         self.capabilities: Capabilities | None = None
+        self._scan_paused_until = 0.0
+        self._last_attributes: dict[str, Mapping[str, Attribute]] = {}
+        self._last_config: dict[str, NetworkConfig | None] = {}
 
     @property
     def name(self) -> str:
@@ -168,6 +175,18 @@ class WebhookProvider(CloudProvider, ProfileProvider):
     async def close(self) -> None:
         await self.client.close()
 
+    def _scan_allowed(self) -> bool:
+        return time.monotonic() >= self._scan_paused_until
+
+    def _scan_failed(self, call: str, device: DeviceInfo, **details: Any) -> None:
+        self._scan_paused_until = time.monotonic() + SCAN_COOLDOWN
+        log.warning(
+            "webhook %s failed; keeping the last answers and skipping webhook scan calls for %.0fs",
+            call,
+            SCAN_COOLDOWN,
+            extra={"device": device.name, "url": self.url, **details},
+        )
+
     async def _post(self, path: str, body: Mapping[str, Any]) -> Response:
         return await self.client.request(
             "POST",
@@ -177,38 +196,40 @@ class WebhookProvider(CloudProvider, ProfileProvider):
             ok_statuses=frozenset(range(100, 600)),
         )
 
+    async def _scan_call(self, call: str, path: str, device: DeviceInfo, *, for_attributes: bool) -> Any:
+        """One attribute/config call of a scan: the decoded JSON answer, or None when it
+        failed (logged; later scan calls skip the webhook for SCAN_COOLDOWN, so a down
+        webhook costs one timeout per cooldown rather than one per device)."""
+        if not self._scan_allowed():
+            return None
+        try:
+            resp = await self._post(path, device_identifiers(device, for_attributes=for_attributes))
+        except MetadataError as exc:
+            self._scan_failed(call, device, error=str(exc))
+            return None
+        if resp.status != 200:
+            self._scan_failed(call, device, status=resp.status, body=_snippet(resp))
+            return None
+        try:
+            return json.loads(resp.body)
+        except ValueError:
+            self._scan_failed(call, device, error="answer is not JSON", body=_snippet(resp))
+            return None
+
     async def device_attributes(self, device: DeviceInfo) -> Mapping[str, Attribute]:
         if self.capabilities is None or not self.capabilities.cloud_provider:
             return {}
-        try:
-            resp = await self._post(
-                PATH_GET_DEVICE_ATTRIBUTES, device_identifiers(device, for_attributes=True)
-            )
-        except MetadataError as exc:
-            log.warning(
-                "webhook GetDeviceAttributes failed", extra={"device": device.name, "error": str(exc)}
-            )
-            return {}
-        if resp.status != 200:
-            log.warning(
-                "webhook GetDeviceAttributes failed",
-                extra={"device": device.name, "url": self.url, "status": resp.status, "body": _snippet(resp)},
-            )
-            return {}
-        try:
-            raw = json.loads(resp.body)
-        except ValueError:
-            log.warning(
-                "webhook GetDeviceAttributes answered garbage",
-                extra={"device": device.name, "url": self.url, "body": _snippet(resp)},
-            )
-            return {}
+        raw = await self._scan_call(
+            "GetDeviceAttributes", PATH_GET_DEVICE_ATTRIBUTES, device, for_attributes=True
+        )
+        if raw is None:
+            # A webhook hiccup must not strip attributes from the published slices.
+            return self._last_attributes.get(device.name, {})
         if not isinstance(raw, dict):
-            log.warning(
-                "webhook GetDeviceAttributes: expected an object",
-                extra={"device": device.name, "url": self.url},
+            self._scan_failed(
+                "GetDeviceAttributes", device, error=f"expected an object, got {type(raw).__name__}"
             )
-            return {}
+            return self._last_attributes.get(device.name, {})
         attrs: dict[str, Attribute] = {}
         for key, value in raw.items():
             try:
@@ -224,31 +245,23 @@ class WebhookProvider(CloudProvider, ProfileProvider):
                 log.warning("webhook attribute dropped", extra={"device": device.name, "error": problem})
                 continue
             attrs[key] = attr
+        self._last_attributes[device.name] = attrs
         return attrs
 
     async def provider_config(self, device: DeviceInfo) -> NetworkConfig | None:
         if self.capabilities is None or not self.capabilities.cloud_provider:
             return None
+        raw = await self._scan_call("GetDeviceConfig", PATH_GET_DEVICE_CONFIG, device, for_attributes=False)
+        if raw is None:
+            return self._last_config.get(device.name)
         try:
-            resp = await self._post(PATH_GET_DEVICE_CONFIG, device_identifiers(device, for_attributes=False))
-        except MetadataError as exc:
-            log.warning("webhook GetDeviceConfig failed", extra={"device": device.name, "error": str(exc)})
-            return None
-        if resp.status != 200:
-            log.warning(
-                "webhook GetDeviceConfig failed",
-                extra={"device": device.name, "url": self.url, "status": resp.status, "body": _snippet(resp)},
-            )
-            return None
-        try:
-            cfg = parse_network_config(resp.body)
+            cfg = parse_network_config(raw)
         except ConfigError as exc:
-            log.warning(
-                "webhook GetDeviceConfig answered an invalid config",
-                extra={"device": device.name, "url": self.url, "error": str(exc)},
-            )
-            return None
-        return None if cfg is None or cfg.is_empty() else cfg
+            self._scan_failed("GetDeviceConfig", device, error=f"invalid config: {exc}")
+            return self._last_config.get(device.name)
+        result = None if cfg is None or cfg.is_empty() else cfg
+        self._last_config[device.name] = result
+        return result
 
     def _profile_request(self, device: DeviceInfo, claim_uid: str, config: NetworkConfig) -> dict[str, Any]:
         return {

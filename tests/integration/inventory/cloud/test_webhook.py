@@ -14,7 +14,14 @@ from pathlib import Path
 import pytest
 
 from services.inventory.cloud import webhook
-from services.inventory.cloud.base import Attribute, DeviceInfo, ProfileError, ProfileErrorCode, ProviderError
+from services.inventory.cloud.base import (
+    Attribute,
+    DeviceInfo,
+    ProfileError,
+    ProfileErrorCode,
+    ProviderError,
+    Providers,
+)
 from shared.netconfig import NetworkConfig, RouteConfig
 from shared.netconfig.merge import merge
 from tests.integration.inventory.cloud.fakes import Webhook
@@ -250,3 +257,27 @@ async def test_https_with_a_private_ca(serve, tmp_path: Path) -> None:
     with pytest.raises(ProviderError) as err:
         await started(server.url)
     assert server.url in str(err.value) and "certificate" in str(err.value)
+
+
+async def test_a_failing_webhook_keeps_the_last_answers_during_a_scan(serve) -> None:
+    """One failed scan call pauses scan calls for a cooldown; devices keep the
+    attributes and config they had, so published slices do not churn."""
+    server = await serve(Webhook())
+    provider = await started(server.url, timeout=0.5)
+    providers = Providers(hint=provider.hint, cloud=provider, profiles=provider)
+    try:
+        before = await providers.describe([DUMMY1, NIC])
+        assert before["dummy1"].attributes["dra.net/webhook_attr"] == Attribute.of_string("python")
+        assert before["dummy1"].config is not None and before["dummy1"].config.interface.mtu == 1450
+        assert before["pci-0000-00-05-0"].profiles == ()
+        server.delay = 5.0  # hangs past the call timeout
+        calls = len(server.requests)
+        t0 = time.monotonic()
+        after = await providers.describe([DUMMY1, NIC, DeviceInfo(name="new0", ifname="new0")])
+        assert time.monotonic() - t0 < 2.0
+        assert after["dummy1"] == before["dummy1"]
+        assert after["new0"].attributes == {} and after["new0"].config is None
+        # The whole scan cost at most one hanging call per concurrent slot, not one per device.
+        assert len(server.requests) - calls <= 3
+    finally:
+        await provider.close()
