@@ -148,6 +148,7 @@ class FakeSys:
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists():
             os.mknod(path, 0o20666, os.makedev(major, minor))
+            os.chmod(path, 0o666)  # as udev leaves them; mknod's mode went through the umask
         return path
 
     def pci_ids(self) -> Path:
