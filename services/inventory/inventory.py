@@ -115,6 +115,18 @@ class LinkEvents:
 PublishCallback = Callable[[Sequence[Device]], None]
 
 
+def device_info(d: Device) -> DeviceInfo:
+    """What cloud providers match their metadata on."""
+    return DeviceInfo(
+        name=d.name,
+        ifname=d.ifname,
+        mac=d.mac,
+        pci_address=d.pci_address,
+        rdma=bool(d.rdma_device),
+        rdma_device=d.rdma_device,
+    )
+
+
 class Inventory:
     """The node's devices as of the last scan, and the loop that keeps them fresh."""
 
@@ -194,22 +206,15 @@ class Inventory:
             return devices
 
     async def _enrich(self, devices: list[Device]) -> list[Device]:
-        providers = self.providers
+        views = {}
+        if self.providers is not None and self.providers.cloud is not None:
+            views = await self.providers.describe([device_info(d) for d in devices])
         out = []
         for d in devices:
             attrs = dict(d.attributes)
-            cfg = None
-            if providers is not None and providers.cloud is not None:
-                info = DeviceInfo(
-                    name=d.name,
-                    ifname=d.ifname,
-                    mac=d.mac,
-                    pci_address=d.pci_address,
-                    rdma=bool(d.rdma_device),
-                    rdma_device=d.rdma_device,
-                )
-                attrs.update(await providers.device_attributes(info))
-                cfg = await providers.provider_config(info)
+            view = views.get(d.name)
+            if view is not None:
+                attrs.update(view.attributes)  # a provider's value wins, as maps.Copy in dranet
             kept, dropped = A.limit_attributes(attrs)
             if dropped:
                 key = (d.name, tuple(dropped))
@@ -219,6 +224,7 @@ class Inventory:
                         "device has more attributes than a ResourceSlice allows; dropping some",
                         extra={"device": d.name, "limit": A.MAX_ATTRIBUTES_PER_DEVICE, "dropped": dropped},
                     )
+            cfg = view.config if view is not None else None
             out.append(replace(d, attributes=kept, provider_config=cfg, profiles=advertised_profiles(cfg)))
         return out
 

@@ -4,7 +4,6 @@ snapshot, node facts and profile resolution for prepare."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from typing import NoReturn
@@ -14,29 +13,14 @@ import grpc
 from proto.dranet.inventory.v1 import inventory_pb2 as pb
 from proto.dranet.inventory.v1 import inventory_pb2_grpc as pb_grpc
 from services.inventory import snapshot as snap
-from services.inventory.cloud.base import (
-    Attribute,
-    AttrKind,
-    DeviceInfo,
-    ProfileError,
-    ProfileErrorCode,
-    Providers,
-)
+from services.inventory.cloud import rpc as cloud_rpc
+from services.inventory.cloud.base import Attribute, AttrKind, DeviceInfo, Providers
 from services.inventory.discovery import Device
-from services.inventory.inventory import Inventory
+from services.inventory.inventory import Inventory, device_info
 from services.inventory.publisher import Publisher
 from shared.logs import log_fields
-from shared.netconfig import ConfigError, NetworkConfig, parse_network_config
 
 log = logging.getLogger(__name__)
-
-_PROFILE_CODES = {
-    ProfileErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
-    ProfileErrorCode.INVALID: grpc.StatusCode.INVALID_ARGUMENT,
-    ProfileErrorCode.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    ProfileErrorCode.CONFLICT: grpc.StatusCode.ALREADY_EXISTS,
-    ProfileErrorCode.FAILED_PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION,
-}
 
 
 def attribute_pb(attr: Attribute) -> pb.Attribute:
@@ -101,19 +85,6 @@ def snapshot_pb(s: snap.Snapshot) -> pb.HostSnapshot:
     )
 
 
-def device_info(name: str, device: Device | None) -> DeviceInfo:
-    if device is None:
-        return DeviceInfo(name=name)
-    return DeviceInfo(
-        name=device.name,
-        ifname=device.ifname,
-        mac=device.mac,
-        pci_address=device.pci_address,
-        rdma=bool(device.rdma_device),
-        rdma_device=device.rdma_device,
-    )
-
-
 class InventoryServicer(pb_grpc.InventoryServicer):
     def __init__(
         self,
@@ -121,7 +92,7 @@ class InventoryServicer(pb_grpc.InventoryServicer):
         *,
         node_name: str,
         rdma_netns_mode: str,
-        providers: Providers | None = None,
+        providers: Providers,
         publisher: Publisher | None = None,
     ) -> None:
         self.inventory = inventory
@@ -189,72 +160,26 @@ class InventoryServicer(pb_grpc.InventoryServicer):
     async def GetNodeInfo(
         self, request: pb.GetNodeInfoRequest, context: grpc.aio.ServicerContext
     ) -> pb.NodeInfo:
-        providers = self.providers
         return pb.NodeInfo(
             node_name=self.node_name,
             rdma_netns_mode=self.rdma_netns_mode,
-            cloud_provider=providers.cloud_name if providers is not None else "none",
-            has_profile_provider=providers is not None and providers.profiles is not None,
+            cloud_provider=self.providers.cloud_name,
+            has_profile_provider=self.providers.profiles is not None,
         )
 
-    def _config(self, config_json: str, profile: str) -> NetworkConfig:
-        cfg = parse_network_config(config_json) if config_json else None
-        cfg = cfg or NetworkConfig()
-        if profile and not cfg.profile:
-            cfg = dataclasses.replace(cfg, profile=profile)
-        return cfg
+    async def _device_info(self, name: str) -> DeviceInfo | None:
+        device = await self.inventory.lookup(name)
+        return device_info(device) if device is not None else None
 
     async def ResolveProfile(
         self, request: pb.ResolveProfileRequest, context: grpc.aio.ServicerContext
     ) -> pb.ResolveProfileResponse:
-        profiles = self.providers.profiles if self.providers is not None else None
-        fields = log_fields(device=request.device, claim=request.claim_uid, pod=request.pod_uid)
-        if profiles is None:
-            await self._abort(
-                context,
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"node {self.node_name} has no profile provider to resolve profile {request.profile!r}",
-            )
-        device = await self.inventory.lookup(request.device)
-        if device is None:
-            await self._abort(
-                context, grpc.StatusCode.NOT_FOUND, f"device {request.device} not found in inventory"
-            )
-        try:
-            config = self._config(request.config_json, request.profile)
-        except ConfigError as exc:
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"config_json: {exc}")
-        try:
-            result = await profiles.resolve_profile(
-                device_info(request.device, device), request.claim_uid, config
-            )
-        except ProfileError as exc:
-            log.warning("profile resolution failed: %s", exc, extra=fields)
-            await self._abort(context, _PROFILE_CODES.get(exc.code, grpc.StatusCode.UNKNOWN), str(exc))
-        log.info("profile resolved", extra={**fields, "profile": config.profile, "provider": profiles.name})
-        return pb.ResolveProfileResponse(config_json=result.to_json())
+        return await cloud_rpc.resolve(self.providers, self._device_info, request, context)
 
     async def ReleaseProfile(
         self, request: pb.ReleaseProfileRequest, context: grpc.aio.ServicerContext
     ) -> pb.ReleaseProfileResponse:
-        profiles = self.providers.profiles if self.providers is not None else None
-        if profiles is None:
-            return pb.ReleaseProfileResponse()  # nothing was ever allocated
-        # The device may be gone from the node during teardown: release by name then.
-        device = self.inventory.get(request.device)
-        try:
-            config = self._config(request.config_json, request.profile)
-        except ConfigError as exc:
-            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"config_json: {exc}")
-        try:
-            await profiles.release_profile(device_info(request.device, device), request.claim_uid, config)
-        except ProfileError as exc:
-            await self._abort(context, _PROFILE_CODES.get(exc.code, grpc.StatusCode.UNKNOWN), str(exc))
-        log.info(
-            "profile released",
-            extra={**log_fields(device=request.device, claim=request.claim_uid), "profile": config.profile},
-        )
-        return pb.ReleaseProfileResponse()
+        return await cloud_rpc.release(self.providers, self._device_info, request, context)
 
     async def Rescan(self, request: pb.RescanRequest, context: grpc.aio.ServicerContext) -> pb.RescanResponse:
         if request.wait:
