@@ -155,14 +155,18 @@ class WebhookProvider(CloudProvider, ProfileProvider):
         policy = RetryPolicy(request_timeout=min(self.timeout, 5.0), deadline=self.startup_timeout)
         try:
             resp = await self.client.request("GET", PATH_HEALTH, policy=policy)
+            try:
+                self.capabilities = parse_capabilities(json.loads(resp.body))
+            except ValueError as exc:
+                raise ProviderError(
+                    f"webhook {self.url}: {PATH_HEALTH} answered garbage ({exc}): {_snippet(resp)!r}"
+                ) from None
         except MetadataError as exc:
+            await self.client.close()
             raise ProviderError(f"webhook {self.url}: health check failed: {exc.reason}") from None
-        try:
-            self.capabilities = parse_capabilities(json.loads(resp.body))
-        except ValueError as exc:
-            raise ProviderError(
-                f"webhook {self.url}: {PATH_HEALTH} answered garbage ({exc}): {_snippet(resp)!r}"
-            ) from None
+        except ProviderError:
+            await self.client.close()
+            raise
         log.info(
             "webhook capabilities",
             extra={
