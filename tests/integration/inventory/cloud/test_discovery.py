@@ -15,6 +15,7 @@ from services.inventory.cloud import coreweave, discovery
 from services.inventory.cloud.base import DeviceInfo, Hint, ProfileSource, ProviderError
 from services.inventory.cloud.discovery import CloudOptions, add_flags, detect, setup_providers
 from services.inventory.cloud.gce import GceProvider
+from services.inventory.cloud.host import HostFacts
 from services.inventory.cloud.webhook import WebhookProvider
 from shared.netconfig import NetworkConfig
 from tests.integration.inventory.cloud.fakes import (
@@ -101,28 +102,58 @@ async def test_absent_metadata_is_bounded_by_the_deadline(closed_url: str) -> No
     assert time.monotonic() - t0 < 3.5
 
 
-async def test_slow_metadata_loads_in_the_background(serve) -> None:
-    """Hinted GCE with a hanging server: start-up returns after the start-up deadline,
-    and the attributes appear (with a change notification) once the server answers."""
-    server = await serve(GceMetadata(delay=60.0))
+@pytest.mark.parametrize(
+    ("server", "hint", "device", "attribute"),
+    [
+        (GceMetadata(delay=60.0), Hint.GCE, NIC0, "gce.dra.net/networkName"),
+        (AwsImds(delay=60.0, instance_type="trn1.32xlarge"), Hint.AWS, None, None),
+        (AzureImds(delay=60.0), Hint.AZURE, NIC0, "azure.dra.net/vmSize"),
+        (OciImds(delay=60.0), Hint.OKE, NIC0, "oke.dra.net/shape"),
+        (AlibabaMetadata(delay=60.0), Hint.ALIBABA, NIC0, "alibaba.dra.net/instanceType"),
+    ],
+    ids=["gce", "aws", "azure", "oke", "alibaba"],
+)
+async def test_slow_metadata_loads_in_the_background(
+    serve, tmp_path, server: FakeServer, hint: Hint, device: DeviceInfo | None, attribute: str | None
+) -> None:
+    """A hinted cloud whose metadata server hangs: start-up returns after the start-up
+    deadline, and the metadata (with a change notification) arrives once it answers."""
+    await serve(server)
     opts = everywhere(
-        server.url, hint=Hint.GCE, startup_timeout=1.0, request_timeout=0.5, request_deadline=1.0
+        server.url,
+        hint=hint,
+        startup_timeout=1.0,
+        request_timeout=0.5,
+        request_deadline=1.0,
+        oca_config_dir=str(tmp_path),
     )
     t0 = time.monotonic()
-    providers = await setup_providers(opts)
+    providers = await setup_providers(opts, host=HostFacts(sysfs_root=str(tmp_path)))
     try:
         assert time.monotonic() - t0 < 3.0
-        assert isinstance(providers.cloud, GceProvider) and not providers.cloud.ready
-        assert await providers.device_attributes(NIC0) == {}
+        cloud = providers.cloud
+        assert cloud is not None and cloud.hint is hint and not cloud.ready
+        if device is not None:
+            assert await providers.device_attributes(device) == {}
         changes: list[int] = []
-        providers.cloud.add_listener(lambda: changes.append(1))
+        cloud.add_listener(lambda: changes.append(1))
         server.delay = 0.0
-        await eventually(lambda: bool(changes), 15.0, "metadata loaded in the background")
-        attrs = await providers.device_attributes(NIC0)
-        assert attrs["gce.dra.net/networkName"].value == "default"
-        assert providers.cloud_name == "gce"
+        await eventually(lambda: bool(changes), 15.0, f"{hint} metadata loaded in the background")
+        assert cloud.ready
+        if device is not None and attribute is not None:
+            assert attribute in await providers.device_attributes(device)
     finally:
         await providers.close()
+
+
+async def test_hanging_webhook_fails_start_up_in_time(serve) -> None:
+    hook = await serve(Webhook(delay=60.0))
+    opts = everywhere("http://127.0.0.1:9", hint=Hint.NONE, profile_provider=ProfileSource.WEBHOOK,
+                      webhook_url=hook.url, startup_timeout=1.0, webhook_timeout=0.5)  # fmt: skip
+    t0 = time.monotonic()
+    with pytest.raises(ProviderError, match="timed out"):
+        await setup_providers(opts)
+    assert time.monotonic() - t0 < 3.0
 
 
 async def test_profile_provider_choices(serve, closed_url: str) -> None:
