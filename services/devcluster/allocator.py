@@ -48,6 +48,9 @@ log = logging.getLogger(__name__)
 
 SCHEDULER_NAME = "default-scheduler"
 CLAIM_CONTROLLER = "resourceclaim-controller"
+# Field managers the real components write with (their client-go user agents).
+SCHEDULER_MANAGER = "kube-scheduler"
+CONTROLLER_MANAGER = "kube-controller-manager"
 MAX_RESERVED_FOR = 256
 _REQUEST_TIMEOUT = 30
 _WATCH_SECONDS = 240
@@ -403,6 +406,7 @@ class AllocatorController:
                 name,
                 namespace,
                 {**claim, "status": new_status},
+                field_manager=CONTROLLER_MANAGER,
             )
             self._put("claims", claim)
             log.info(
@@ -420,6 +424,7 @@ class AllocatorController:
                     name,
                     namespace,
                     {**claim, "status": new_status},
+                    field_manager=CONTROLLER_MANAGER,
                 )
                 self._put("claims", claim)
             claim = await self._remove_finalizer(claim)
@@ -444,7 +449,11 @@ class AllocatorController:
             body = {**claim, "metadata": {**meta, "finalizers": finalizers}}
             try:
                 updated = await _call(
-                    self._resource.replace_namespaced_resource_claim, meta["name"], meta["namespace"], body
+                    self._resource.replace_namespaced_resource_claim,
+                    meta["name"],
+                    meta["namespace"],
+                    body,
+                    field_manager=CONTROLLER_MANAGER,
                 )
             except ApiException as ex:
                 if ex.status == 404:
@@ -525,6 +534,7 @@ class AllocatorController:
                     self._resource.create_namespaced_resource_claim,
                     namespace,
                     claim_from_template(pod, pod_claim["name"], template),
+                    field_manager=CONTROLLER_MANAGER,
                 )
                 self._put("claims", claim)
                 log.info(
@@ -566,6 +576,7 @@ class AllocatorController:
                     meta["name"],
                     meta["namespace"],
                     {**pod, "status": status},
+                    field_manager=CONTROLLER_MANAGER,
                 )
             except ApiException as ex:
                 if ex.status != 409:
@@ -730,6 +741,7 @@ class AllocatorController:
                             name,
                             namespace,
                             {**claim, "metadata": cmeta},
+                            field_manager=SCHEDULER_MANAGER,
                         )
                     except ApiException as ex:
                         if ex.status == 409:
@@ -745,6 +757,7 @@ class AllocatorController:
                     name,
                     namespace,
                     {**claim, "status": status},
+                    field_manager=SCHEDULER_MANAGER,
                 )
             except ApiException as ex:
                 if ex.status == 409:
@@ -770,7 +783,13 @@ class AllocatorController:
             "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"]},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
-        await _call(self._core.create_namespaced_pod_binding, meta["name"], meta["namespace"], body)
+        await _call(
+            self._core.create_namespaced_pod_binding,
+            meta["name"],
+            meta["namespace"],
+            body,
+            field_manager=SCHEDULER_MANAGER,
+        )
         self._assumed_bindings[meta["uid"]] = node
         log.info("bound pod to node %s", node, extra=log_fields(pod=_key(pod), node=node))
         await self._event(
