@@ -426,3 +426,43 @@ async def test_reservation_retries_on_conflict(cluster: Cluster, api_server: Any
     assert claim["status"]["reservedFor"] == [
         {"resource": "pods", "name": "p", "uid": pod["metadata"]["uid"]}
     ]
+
+
+async def test_pod_without_claims_is_scheduled_too(cluster: Cluster, allocator: AllocatorController) -> None:
+    # This control plane has no other scheduler: plain pods are bound to a fitting node as well.
+    await cluster.node("n1", zone="a")
+    await cluster.node("n2", zone="b")
+    await cluster.pod("plain", [], nodeSelector={"zone": "b"})
+    assert await eventually(lambda: bound_node(cluster, "plain"), "plain bound") == "n2"
+    await cluster.pod("nowhere", [], nodeSelector={"zone": "c"})
+
+    async def failed() -> list[str]:
+        return [m for r, m in await cluster.events("nowhere") if r == "FailedScheduling"]
+
+    (message,) = await eventually(failed, "nowhere pending")
+    assert message == (
+        "0/2 nodes are available: n1: node does not match the pod's nodeSelector zone=c; "
+        "n2: node does not match the pod's nodeSelector zone=c"
+    )
+
+
+async def test_pod_deleted_while_controller_down_is_released_after_restart(
+    cluster: Cluster, api_server: Any
+) -> None:
+    await cluster.node("n1")
+    await cluster.slice("n1", [nic("eth1", rdma=True)])
+    await cluster.device_class("rdma", RDMA_CLASS)
+    await cluster.claim("c", "rdma")
+    await cluster.pod("p", [{"name": "net", "resourceClaimName": "c"}])
+    first = await AllocatorController.from_kubeconfig(api_server.kubeconfig_path)
+    async with first:
+        assert await eventually(lambda: bound_node(cluster, "p"), "p bound") == "n1"
+    await cluster.delete_pod("p")
+    second = await AllocatorController.from_kubeconfig(api_server.kubeconfig_path)
+    async with second:
+
+        async def released() -> bool:
+            c = await cluster.get_claim("c")
+            return c is not None and not (c.get("status") or {}).get("reservedFor")
+
+        await eventually(released, "reservation of the deleted pod released by the restarted controller")
