@@ -10,7 +10,7 @@ import pytest
 from proto.dranet.inventory.v1 import inventory_pb2 as pb
 from proto.dranet.inventory.v1 import inventory_pb2_grpc
 from shared.rpc import channel
-from tests.integration.inventory.conftest import StartInventory, ip, values, wait_devices
+from tests.integration.inventory.helpers import StartInventory, ip, values, wait_devices
 from tests.unit.inventory.fakesys import mellanox_host
 
 pytestmark = [pytest.mark.netns, pytest.mark.root]

@@ -14,7 +14,7 @@ from kubernetes_asyncio import client
 from proto.dranet.inventory.v1 import inventory_pb2 as pb
 from proto.dranet.inventory.v1 import inventory_pb2_grpc
 from shared.rpc import channel
-from tests.integration.inventory.conftest import Cluster, StartInventory, ip, wait_for
+from tests.integration.inventory.helpers import Cluster, StartInventory, ip, wait_for
 
 pytestmark = [pytest.mark.netns, pytest.mark.root]
 
