@@ -296,6 +296,9 @@ def _cel_equal(a: _Value, b: _Value) -> bool:
         return _plain_num(a) == _plain_num(b)
     if a is None or b is None:
         return a is None and b is None
+    if isinstance(a, type) or isinstance(b, type):
+        # Type values (type(x), int, string...) are the value classes themselves in celpy.
+        return a is b
     if isinstance(a, celtypes.BoolType) or isinstance(b, celtypes.BoolType):
         return isinstance(a, celtypes.BoolType) and isinstance(b, celtypes.BoolType) and bool(a) == bool(b)
     if isinstance(a, Semver) and isinstance(b, Semver):
@@ -313,7 +316,7 @@ def _cel_equal(a: _Value, b: _Value) -> bool:
             if key not in b or not _cel_equal(value, b[key]):
                 return False
         return True
-    for kind in (str, bytes, celtypes.TimestampType, celtypes.DurationType, celtypes.TypeType):
+    for kind in (str, bytes, celtypes.TimestampType, celtypes.DurationType):
         if isinstance(a, kind) or isinstance(b, kind):
             return isinstance(a, kind) and isinstance(b, kind) and bool(a == b)
     return False
@@ -356,6 +359,16 @@ def _ordering(op: Callable[[Any, Any], bool], symbol: str) -> Callable[[_Value, 
         raise TypeError(f"no such overload: {_type_name(a)} {symbol} {_type_name(b)}")
 
     return compare
+
+
+def _fn_conditional(cond: _Value, then: _Value, other: _Value) -> _Value:
+    # celpy evaluates only the chosen branch and passes False for the other; an erroneous or
+    # non-bool condition must be the result, as in cel-go.
+    if isinstance(cond, CELEvalError):
+        return cond
+    if not isinstance(cond, celtypes.BoolType):
+        raise TypeError(f"no such overload: {_type_name(cond)} ? _ : _")
+    return then if cond else other
 
 
 def _fn_in(item: _Value, container: _Value) -> _Value:
@@ -816,6 +829,7 @@ _STANDARD_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "_>_": _ordering(lambda a, b: a > b, ">"),
     "_>=_": _ordering(lambda a, b: a >= b, ">="),
     "_in_": _fn_in,
+    "_?_:_": _fn_conditional,
     "matches": _fn_matches,
     "size": _fn_size,
 }
@@ -1738,8 +1752,27 @@ class _Runner(celpy.InterpretedRunner):
         return _Evaluator(self.ast, self._activation, budget).evaluate(dict(variables))
 
 
+_CELPY_CLASS = re.compile(r"<class '(?:[\w.]+\.)?(\w+)'>")
+_CEL_TYPE_NAMES = {
+    "IntType": "int",
+    "UintType": "uint",
+    "DoubleType": "double",
+    "BoolType": "bool",
+    "StringType": "string",
+    "BytesType": "bytes",
+    "ListType": "list",
+    "MapType": "map",
+    "NoneType": "null_type",
+    "CELEvalError": "error",
+    "Semver": "kubernetes.Semver",
+    "Quantity": "kubernetes.Quantity",
+}
+
+
 def _describe(error: CELEvalError) -> str:
+    """A short message: celpy's own may carry Python class reprs or the whole activation."""
     message = str(error.args[0]) if error.args else "evaluation error"
+    message = _CELPY_CLASS.sub(lambda m: _CEL_TYPE_NAMES.get(m.group(1), m.group(1)), message)
     detail = error.args[2] if len(error.args) > 2 else None
     if message.startswith("no such member in mapping: "):
         return "no such key: " + message.removeprefix("no such member in mapping: ").strip("'")
