@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import celpy
 import lark
@@ -1623,12 +1623,19 @@ class _DefaultingMap(celtypes.MapType):
 
 
 class _NativeStruct(celtypes.MapType):
-    """A Go struct seen through cel-go native types: unset fields read as zero values; has() is
-    true only for set ones."""
+    """A Go struct seen through cel-go native types: holds the set fields; an unset one reads as
+    its zero value (has() is false for it)."""
 
-    def __init__(self, values: Mapping[str, Any], set_fields: frozenset[str]):
-        super().__init__(values)
-        self.set_fields = set_fields
+    ZEROS: ClassVar[Mapping[str, Callable[[], Any]]] = {}
+
+    def __getitem__(self, key: Any) -> Any:
+        try:
+            return super().__getitem__(key)
+        except KeyError:
+            zero = self.ZEROS.get(key)
+            if zero is None:
+                raise
+            return zero()
 
 
 class _Evaluator(Evaluator):
@@ -1735,8 +1742,6 @@ class _Evaluator(Evaluator):
         name = str(target.children[1])
         if isinstance(operand, CELEvalError):
             return operand
-        if isinstance(operand, _NativeStruct):
-            return celtypes.BoolType(name in operand.set_fields)
         if isinstance(operand, dict):
             return celtypes.BoolType(dict.__contains__(operand, name))
         return CELEvalError(f"type '{_type_name(operand)}' does not support field selection", TypeError, None)
@@ -1964,16 +1969,26 @@ def dra_device_variables(device: Mapping[str, Any], driver: str) -> dict[str, An
     return {"device": value}
 
 
-_NATIVE_FIELDS: tuple[tuple[str, str, Callable[[Any], Any], Any], ...] = (
-    ("int", "IntValue", celtypes.IntType, 0),
-    ("bool", "BoolValue", celtypes.BoolType, False),
-    ("string", "StringValue", celtypes.StringType, ""),
-    ("version", "VersionValue", celtypes.StringType, ""),
-    ("ints", "IntValues", lambda v: celtypes.ListType([celtypes.IntType(x) for x in v]), []),
-    ("bools", "BoolValues", lambda v: celtypes.ListType([celtypes.BoolType(x) for x in v]), []),
-    ("strings", "StringValues", lambda v: celtypes.ListType([celtypes.StringType(x) for x in v]), []),
-    ("versions", "VersionValues", lambda v: celtypes.ListType([celtypes.StringType(x) for x in v]), []),
-)
+# DeviceAttribute JSON member -> Go field name, conversion, zero value.
+_NATIVE_FIELDS: dict[str, tuple[str, Callable[[Any], Any], Any]] = {
+    "int": ("IntValue", celtypes.IntType, 0),
+    "bool": ("BoolValue", celtypes.BoolType, False),
+    "string": ("StringValue", celtypes.StringType, ""),
+    "version": ("VersionValue", celtypes.StringType, ""),
+    "ints": ("IntValues", lambda v: celtypes.ListType([celtypes.IntType(x) for x in v]), []),
+    "bools": ("BoolValues", lambda v: celtypes.ListType([celtypes.BoolType(x) for x in v]), []),
+    "strings": ("StringValues", lambda v: celtypes.ListType([celtypes.StringType(x) for x in v]), []),
+    "versions": ("VersionValues", lambda v: celtypes.ListType([celtypes.StringType(x) for x in v]), []),
+}
+
+
+def _zero_factory(convert: Callable[[Any], Any], zero: Any) -> Callable[[], Any]:
+    return lambda: convert(zero)
+
+
+_NativeStruct.ZEROS = {
+    go_name: _zero_factory(convert, zero) for go_name, convert, zero in _NATIVE_FIELDS.values()
+}
 
 
 def filter_variables(device: Mapping[str, Any]) -> dict[str, Any]:
@@ -1981,15 +1996,11 @@ def filter_variables(device: Mapping[str, Any]) -> dict[str, Any]:
     attributes = {}
     for name, attribute in (device.get("attributes") or {}).items():
         values: dict[Any, Any] = {}
-        set_fields = []
-        for json_key, go_name, convert, zero in _NATIVE_FIELDS:
-            raw = attribute.get(json_key)
-            if raw is None:
-                values[celtypes.StringType(go_name)] = convert(zero)
-            else:
-                values[celtypes.StringType(go_name)] = convert(raw)
-                set_fields.append(go_name)
-        attributes[celtypes.StringType(name)] = _NativeStruct(values, frozenset(set_fields))
+        for json_key, raw in attribute.items():
+            field_spec = _NATIVE_FIELDS.get(json_key)
+            if field_spec is not None and raw is not None:
+                values[celtypes.StringType(field_spec[0])] = field_spec[1](raw)
+        attributes[celtypes.StringType(name)] = _NativeStruct(values)
     return {"attributes": celtypes.MapType(attributes)}
 
 
