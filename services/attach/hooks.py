@@ -1,0 +1,739 @@
+"""The NRI hooks of dra.net: devices into a pod's netns while the runtime builds
+it, back to the host when it stops, and recovery after every (re)connect.
+
+What a pod gets comes from the store (prepare's DeviceConfigs); where it goes
+comes from the runtime (the netns path of the event, or of Synchronize; never
+stored). In memory we keep, per pod UID, the sandbox that holds its devices,
+that sandbox's netns and which devices are in it, so that the runtime's
+retries, a pod's second sandbox, and a late RemovePodSandbox of an old sandbox
+each do the right thing.
+
+Hooks of one pod run one at a time (a lock per pod), and the netlink work on
+one device too (a lock per device), so a device handed from a stopping pod to
+a starting one is back on the host before it moves again. The runtime holds a
+node-wide lock while a hook runs: the hooks read the store once and write it
+afterwards, in order (writer.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NoReturn, TypeVar
+
+from proto.dranet.store.v1 import store_pb2 as st
+from proto.nri.v1alpha1 import nri_pb2
+from services.attach.engine import Attached, AttachFailed, Condition, DeviceEngine, Location, ReturnState
+from services.attach.nri.stub import NriHandlers
+from services.attach.nri.ttrpc import Code, TtrpcError
+from services.attach.writer import StoreWriter
+from shared.logs import log_fields
+from shared.storeclient import StoreCallError, StoreClient
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DRIVER = "dra.net"
+
+
+def pod_netns(pod: nri_pb2.PodSandbox) -> str:
+    """The pod's network namespace path; '' for a host-network pod."""
+    return next((n.path for n in pod.linux.namespaces if n.type == "network"), "")
+
+
+def netns_exists(path: str) -> bool:
+    """The runtime bind-mounts a pod's netns at its path and removes it when the
+    sandbox stops, so the file says whether the netns is still there."""
+    return bool(path) and os.path.exists(path)
+
+
+def pod_ref(pod: nri_pb2.PodSandbox) -> str:
+    return f"{pod.namespace}/{pod.name}"
+
+
+Source = st.DeviceConfig | st.AttachResult
+
+
+@dataclass(frozen=True)
+class Held:
+    """A device a sandbox holds: the config it was attached by, or (once prepare
+    removed the config: NodeUnprepare can come before RemovePodSandbox) its
+    attach result, and the MAC it has in the pod, to find it by."""
+
+    source: Source
+    mac: str = ""
+
+    @property
+    def device(self) -> str:
+        return self.source.device
+
+    @property
+    def host_ifname(self) -> str:
+        return self.source.host_ifname
+
+    @property
+    def config(self) -> st.DeviceConfig | None:
+        return self.source if isinstance(self.source, st.DeviceConfig) else None
+
+
+@dataclass(frozen=True)
+class HookConfig:
+    driver: str = DRIVER
+    # Stop and Remove answer the runtime within this even when giving devices
+    # back takes longer (the work goes on): a pod's stop must never fail.
+    # Keep it below the stub's handler deadline.
+    stop_budget_s: float = 1.0
+
+
+class PodTrack:
+    """One pod as the hooks know it: the sandbox holding its devices and which."""
+
+    def __init__(self, uid: str, namespace: str, name: str, sandbox_id: str, netns: str) -> None:
+        self.uid = uid
+        self.namespace = namespace
+        self.name = name
+        self.sandbox_id = sandbox_id
+        self.netns = netns
+        # The pod's non-provisional configs as last read, by device name.
+        self.configs: dict[str, st.DeviceConfig] = {}
+        # Devices this sandbox holds now.
+        self.attached: dict[str, Held] = {}
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @classmethod
+    def of(cls, pod: nri_pb2.PodSandbox) -> PodTrack:
+        return cls(pod.uid, pod.namespace, pod.name, pod.id, pod_netns(pod))
+
+
+class _KeyedLocks:
+    """asyncio locks by key, dropped when nobody holds or waits for them."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+    def __len__(self) -> int:
+        return len(self._locks)
+
+
+@dataclass
+class RecoveryReport:
+    """What the last Synchronize recovery decided, for logs, health and tests."""
+
+    generation: int = 0
+    done: bool = False
+    counts: Counter[str] = field(default_factory=Counter)
+    # (pod uid, device) -> why it is lost
+    lost: dict[tuple[str, str], str] = field(default_factory=dict)
+
+
+class AttachHooks(NriHandlers):
+    """dra.net's NRI hooks over the store and a device engine."""
+
+    def __init__(
+        self,
+        store: StoreClient,
+        engine: DeviceEngine,
+        writer: StoreWriter,
+        config: HookConfig | None = None,
+    ) -> None:
+        self.store = store
+        self.engine = engine
+        self.writer = writer
+        self.config = config or HookConfig()
+        self.pods: dict[str, PodTrack] = {}
+        self._locks = _KeyedLocks()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._recovered = asyncio.Event()
+        self._recovered.set()
+        self._recovery: asyncio.Task[None] | None = None
+        self.recovery = RecoveryReport()
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def _spawn(self, coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """Let netlink work already started finish (never leave a device half-moved)."""
+        pending = [t for t in self._tasks if not t.done()]
+        if pending:
+            log.info("waiting for device work in flight", extra=log_fields(tasks=len(pending)))
+            await asyncio.wait(pending, timeout=timeout_s)
+
+    async def wait_recovered(self, timeout_s: float | None = None) -> RecoveryReport:
+        """Until the recovery after the last Synchronize is done."""
+        async with asyncio.timeout(timeout_s):
+            await self._recovered.wait()
+        return self.recovery
+
+    @staticmethod
+    def _fields(pod: PodTrack | nri_pb2.PodSandbox, what: Source | Held | None = None) -> dict[str, Any]:
+        ref = pod.ref if isinstance(pod, PodTrack) else pod_ref(pod)
+        src = what.source if isinstance(what, Held) else what
+        return dict(
+            log_fields(
+                pod=ref,
+                pod_uid=pod.uid,
+                claim=f"{src.claim.namespace}/{src.claim.name}"
+                if src is not None and src.claim.name
+                else None,
+                device=src.device if src is not None else None,
+                ifname=src.host_ifname if src is not None else None,
+            )
+        )
+
+    def _base_result(self, src: Source) -> st.AttachResult:
+        return st.AttachResult(
+            pod_uid=src.pod.uid if isinstance(src, st.DeviceConfig) else src.pod_uid,
+            device=src.device,
+            claim=src.claim,
+            pool=src.pool,
+            driver=src.driver or self.config.driver,
+            host_ifname=src.host_ifname,
+        )
+
+    def _attached_result(self, cfg: st.DeviceConfig, done: Attached) -> st.AttachResult:
+        r = self._base_result(cfg)
+        r.attached = True
+        r.interface_name = done.interface_name
+        r.ips.extend(done.ips)
+        r.hardware_address = done.hardware_address
+        now = int(time.time())
+        for c in done.conditions or ready_conditions(cfg):
+            r.conditions.add(
+                type=c.type, status=c.status, reason=c.reason, message=c.message, last_transition_unix=now
+            )
+        return r
+
+    def _failed_result(self, src: Source, error: str, held: Held | None = None) -> st.AttachResult:
+        """An error for the claim status. ``held``: the device is still in the pod."""
+        r = self._base_result(src)
+        if held is not None and isinstance(held.source, st.AttachResult):
+            r.CopyFrom(held.source)
+        r.attached = held is not None
+        r.error = error
+        r.ClearField("conditions")
+        reason = "NetworkDeviceAttachFailed" if src.host_ifname else "RDMADeviceAttachFailed"
+        if held is not None:
+            reason = "NetworkDeviceReturnFailed"
+        r.conditions.add(
+            type="Ready",
+            status="False",
+            reason=reason,
+            message=error[:1024],
+            last_transition_unix=int(time.time()),
+        )
+        return r
+
+    def _returned_result(self, src: Source, note: str = "") -> st.AttachResult:
+        r = self._base_result(src)
+        r.attached = False
+        r.error = note
+        return r
+
+    async def _read_pod(self, pod: nri_pb2.PodSandbox, what: str) -> st.PodState:
+        try:
+            return await self.store.get_pod(pod.uid)
+        except StoreCallError as exc:
+            log.error("cannot read the pod's stored configs", extra={**self._fields(pod), "error": str(exc)})
+            raise TtrpcError(
+                Code.UNAVAILABLE, f"dra.net {what} pod {pod_ref(pod)}: cannot read its stored configs: {exc}"
+            ) from None
+
+    async def _attach_one(self, cfg: st.DeviceConfig, netns: str) -> Attached:
+        async with self._locks.hold("device:" + cfg.device):
+            return await self.engine.attach(cfg, netns)
+
+    async def _detach_one(self, held: Held, netns: str) -> ReturnState:
+        async with self._locks.hold("device:" + held.device):
+            return await self.engine.detach(held.source, netns, mac=held.mac)
+
+    async def _give_back(self, track: PodTrack, why: str, note: str = "") -> int:
+        """Return every device the sandbox holds to the host; never raises.
+        Returns how many could not be returned (they stay in ``attached``)."""
+        failed = 0
+        for device, held in sorted(track.attached.items()):
+            fields = {**self._fields(track, held), "netns": track.netns, "why": why}
+            try:
+                state = await self._detach_one(held, track.netns)
+            except Exception as exc:
+                failed += 1
+                msg = (
+                    f"device {device} ({held.host_ifname}) of pod {track.ref} "
+                    f"was not returned to the host: {exc}"
+                )
+                log.error(msg, extra=fields)
+                self.writer.put_result(self._failed_result(held.source, msg, held=held))
+                continue
+            del track.attached[device]
+            if state == ReturnState.GONE:
+                msg = lost_message(held, track.ref, track.netns)
+                log.error(msg, extra=fields)
+                self.writer.put_result(self._returned_result(held.source, msg))
+                continue
+            log.info(f"device given back to the host ({state})", extra=fields)
+            self.writer.put_result(self._returned_result(held.source, note))
+        return failed
+
+    # -- RunPodSandbox -----------------------------------------------------------------
+
+    async def run_pod_sandbox(self, pod: nri_pb2.PodSandbox) -> None:
+        task = self._spawn(self._run_pod(pod), f"run:{pod.uid}")
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            # Our deadline passed: the runtime fails this sandbox and tears it
+            # down. Netlink work cannot be stopped half-way; let it finish, then
+            # give back what it attached.
+            log.error(
+                "RunPodSandbox overran its deadline; the devices go back to the host once the work ends",
+                extra=self._fields(pod),
+            )
+            task.add_done_callback(lambda t: self._after_abandoned_run(pod, t))
+            raise
+
+    def _after_abandoned_run(self, pod: nri_pb2.PodSandbox, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return  # it failed: already rolled back
+        self._spawn(self._release_sandbox(pod, "RunPodSandbox answered too late"), f"rollback:{pod.uid}")
+
+    async def _release_sandbox(self, pod: nri_pb2.PodSandbox, why: str) -> None:
+        async with self._locks.hold(pod.uid):
+            track = self.pods.get(pod.uid)
+            if track is not None and track.sandbox_id == pod.id:
+                await self._give_back(track, why, note=f"{why}; the runtime gave up on sandbox {pod.id[:13]}")
+
+    async def _run_pod(self, pod: nri_pb2.PodSandbox) -> None:
+        await self._recovered.wait()
+        uid = pod.uid
+        async with self._locks.hold(uid):
+            state = await self._read_pod(pod, "RunPodSandbox")
+            configs = sorted((d for d in state.devices if not d.provisional), key=lambda d: d.device)
+            if not configs:
+                log.debug("RunPodSandbox: no devices for this pod", extra=self._fields(pod))
+                return
+            self.writer.touch(uid)
+            netns = pod_netns(pod)
+            if not netns:
+                msg = f"RunPodSandbox pod {pod_ref(pod)} using host network can not claim host devices"
+                log.error(msg, extra=self._fields(pod))
+                for cfg in configs:
+                    self.writer.put_result(self._failed_result(cfg, msg))
+                raise TtrpcError(Code.UNKNOWN, msg)
+
+            track = self.pods.get(uid)
+            if track is not None and track.sandbox_id != pod.id:
+                if track.attached:
+                    # The pod's earlier sandbox still holds its devices (the
+                    # runtime recreates a sandbox that died): take them back first.
+                    await self._give_back(track, f"the pod has a new sandbox {pod.id[:13]}")
+                if track.attached:
+                    msg = (
+                        f"RunPodSandbox pod {pod_ref(pod)}: devices {sorted(track.attached)} are still held by "
+                        f"its earlier sandbox {track.sandbox_id[:13]}"
+                    )
+                    raise TtrpcError(Code.UNKNOWN, msg)
+                track = None
+            if track is None:
+                track = PodTrack.of(pod)
+                self.pods[uid] = track
+            track.netns = netns
+            track.configs = {c.device: c for c in configs}
+
+            for cfg in configs:
+                if cfg.device in track.attached:
+                    # The runtime retried the hook for this very sandbox.
+                    log.info("device already attached to this sandbox", extra=self._fields(track, cfg))
+                    continue
+                fields = self._fields(track, cfg)
+                try:
+                    done = await self._attach_one(cfg, netns)
+                except AttachFailed as exc:
+                    await self._fail_run(track, cfg, str(exc), fields)
+                except Exception as exc:
+                    log.exception("device engine failed unexpectedly", extra=fields)
+                    # The engine did not say it rolled back: make sure.
+                    with contextlib.suppress(Exception):
+                        await self._detach_one(Held(cfg), netns)
+                    await self._fail_run(track, cfg, f"device {cfg.device}: {exc}", fields)
+                track.attached[cfg.device] = Held(cfg, done.hardware_address)
+                self.writer.put_result(self._attached_result(cfg, done))
+                log.info(
+                    "device attached",
+                    extra={
+                        **fields,
+                        "netns": netns,
+                        "pod_ifname": done.interface_name,
+                        "ips": list(done.ips),
+                    },
+                )
+
+    async def _fail_run(self, track: PodTrack, cfg: st.DeviceConfig, error: str, fields: Any) -> NoReturn:
+        msg = f"dra.net RunPodSandbox pod {track.ref}: {error}"
+        log.error(msg, extra=fields)
+        self.writer.put_result(self._failed_result(cfg, error))
+        # All or nothing: the runtime tears this sandbox down and the kubelet retries.
+        await self._give_back(track, "RunPodSandbox failed", note=f"rolled back: device {cfg.device} failed")
+        raise TtrpcError(Code.UNKNOWN, msg)
+
+    # -- CreateContainer --------------------------------------------------------------
+
+    async def create_container(
+        self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container
+    ) -> nri_pb2.ContainerAdjustment | None:
+        track = self.pods.get(pod.uid)
+        configs: list[st.DeviceConfig]
+        if track is not None and track.sandbox_id == pod.id and track.configs:
+            configs = list(track.configs.values())
+        else:
+            state = await self._read_pod(pod, "CreateContainer")
+            configs = [d for d in state.devices if not d.provisional]
+        if not configs:
+            return None
+        self.writer.touch(pod.uid)
+        devices = self.engine.container_devices(configs)
+        if not devices:
+            return None
+        adjust = nri_pb2.ContainerAdjustment()
+        adjust.linux.devices.extend(devices)
+        log.info(
+            "container gets RDMA device files",
+            extra={**self._fields(pod), "container": container.name, "devices": [d.path for d in devices]},
+        )
+        return adjust
+
+    # -- StopPodSandbox / RemovePodSandbox ----------------------------------------------
+
+    async def stop_pod_sandbox(self, pod: nri_pb2.PodSandbox) -> None:
+        await self._never_fail("StopPodSandbox", pod, self._stop_pod(pod))
+
+    async def remove_pod_sandbox(self, pod: nri_pb2.PodSandbox) -> None:
+        await self._never_fail("RemovePodSandbox", pod, self._remove_pod(pod))
+
+    async def _never_fail(self, what: str, pod: nri_pb2.PodSandbox, work: Coroutine[Any, Any, None]) -> None:
+        task = self._spawn(work, f"{what}:{pod.uid}")
+        try:
+            async with asyncio.timeout(self.config.stop_budget_s):
+                await asyncio.shield(task)
+        except TimeoutError:
+            log.error(
+                f"{what}: giving the devices back takes longer than {self.config.stop_budget_s}s; "
+                "answering the runtime now, the work goes on",
+                extra=self._fields(pod),
+            )
+        except Exception:
+            log.exception(f"{what} failed; the pod's stop goes on", extra=self._fields(pod))
+
+    async def _track_from_store(self, pod: nri_pb2.PodSandbox) -> PodTrack | None:
+        """A pod we never saw (or forgot): what the store says is in it."""
+        try:
+            state = await self.store.get_pod(pod.uid)
+        except StoreCallError as exc:
+            log.error(
+                "cannot read the pod's attach state; its devices stay where they are",
+                extra={**self._fields(pod), "error": str(exc)},
+            )
+            return None
+        track = PodTrack.of(pod)
+        track.configs = {d.device: d for d in state.devices if not d.provisional}
+        for r in state.results:
+            if r.attached:
+                track.attached[r.device] = Held(track.configs.get(r.device) or r, r.hardware_address)
+        return track
+
+    async def _stop_pod(self, pod: nri_pb2.PodSandbox) -> None:
+        await self._recovered.wait()
+        async with self._locks.hold(pod.uid):
+            track = self.pods.get(pod.uid)
+            if track is None:
+                track = await self._track_from_store(pod)
+                if track is None or not track.attached:
+                    return
+                self.pods[pod.uid] = track
+            if pod.id and track.sandbox_id and track.sandbox_id != pod.id:
+                log.info(
+                    "StopPodSandbox of an earlier sandbox; the devices belong to the current one",
+                    extra={**self._fields(pod), "sandbox": pod.id[:13], "current": track.sandbox_id[:13]},
+                )
+                return
+            # Some containerd versions send no netns on stop: use the one we know.
+            if pod_netns(pod):
+                track.netns = pod_netns(pod)
+            if track.attached:
+                await self._give_back(track, "pod stopped")
+
+    async def _remove_pod(self, pod: nri_pb2.PodSandbox) -> None:
+        await self._recovered.wait()
+        async with self._locks.hold(pod.uid):
+            track = self.pods.get(pod.uid)
+            if track is not None and pod.id and track.sandbox_id != pod.id:
+                log.info(
+                    "RemovePodSandbox of an earlier sandbox; the pod's current sandbox keeps its state",
+                    extra={**self._fields(pod), "sandbox": pod.id[:13], "current": track.sandbox_id[:13]},
+                )
+                return
+            stored = await self._track_from_store(pod)
+            if track is None:
+                track = stored
+            elif stored is not None:
+                for device, held in stored.attached.items():
+                    track.attached.setdefault(device, held)
+            if track is not None:
+                if pod_netns(pod):
+                    track.netns = pod_netns(pod)
+                if track.attached:
+                    # The netns may be gone: the engine then makes sure a device
+                    # the kernel gave back is under its host name again.
+                    await self._give_back(track, "pod removed")
+                if track.attached:
+                    return  # keep the books: the runtime's retry finds them again
+            self.pods.pop(pod.uid, None)
+            if stored is not None:
+                self.writer.clear(pod.uid)
+
+    # -- Synchronize -------------------------------------------------------------------
+
+    async def synchronize(
+        self, pods: Sequence[nri_pb2.PodSandbox], containers: Sequence[nri_pb2.Container]
+    ) -> Sequence[nri_pb2.ContainerUpdate]:
+        """Note the live pods and recover in the background: the runtime gives
+        Synchronize 2 s, recovery may move many devices. Events wait for it."""
+        live: dict[str, nri_pb2.PodSandbox] = {}
+        for p in pods:
+            # A stopped sandbox is still listed, but its netns is gone.
+            if netns_exists(pod_netns(p)):
+                if p.uid in live:
+                    log.warning(
+                        "two sandboxes of one pod have a netns; using the later one",
+                        extra={**self._fields(p), "sandbox": p.id[:13]},
+                    )
+                live[p.uid] = p
+        previous = self._recovery
+        self._recovered.clear()
+        generation = self.recovery.generation + 1
+        self._recovery = self._spawn(self._recover(live, previous, generation), "recovery")
+        log.info(
+            "Synchronize: recovering devices",
+            extra=log_fields(pods=len(pods), live_pods=len(live), containers=len(containers)),
+        )
+        return ()
+
+    async def _list_store(self) -> st.ListResponse:
+        delay = 0.1
+        while True:
+            try:
+                return await self.store.list()
+            except StoreCallError as exc:
+                log.warning("recovery cannot list the store yet; retrying", extra=log_fields(error=str(exc)))
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    async def _recover(
+        self, live: dict[str, nri_pb2.PodSandbox], previous: asyncio.Task[None] | None, generation: int
+    ) -> None:
+        report = RecoveryReport(generation=generation)
+        t0 = time.monotonic()
+        try:
+            if previous is not None and not previous.done():
+                with contextlib.suppress(Exception):
+                    await previous
+            listing = await self._list_store()
+            configs: dict[str, list[st.DeviceConfig]] = {}
+            for d in listing.devices:
+                if not d.provisional:
+                    configs.setdefault(d.pod.uid, []).append(d)
+            results: dict[str, dict[str, st.AttachResult]] = {}
+            for r in listing.results:
+                results.setdefault(r.pod_uid, {})[r.device] = r
+            active = {a.pod_uid for a in listing.activities if a.last_nri_activity_unix_nano}
+            for uid in sorted(set(configs) | set(results) | set(self.pods) | active):
+                async with self._locks.hold(uid):
+                    if uid in live:
+                        await self._recover_live(
+                            live[uid], configs.get(uid, []), results.get(uid, {}), report
+                        )
+                    else:
+                        await self._recover_gone(
+                            uid, configs.get(uid, []), results.get(uid, {}), uid in active, report
+                        )
+        except Exception:
+            log.exception("recovery after Synchronize failed")
+            report.counts["recovery_failed"] += 1
+        finally:
+            report.done = True
+            self.recovery = report
+            self._recovered.set()
+        log.info(
+            "recovery done",
+            extra=log_fields(
+                seconds=round(time.monotonic() - t0, 3), lost=len(report.lost) or None, **report.counts
+            ),
+        )
+
+    def _lost(self, report: RecoveryReport, uid: str, held: Held, pod: str, netns: str, live: bool) -> None:
+        msg = lost_message(held, pod, netns)
+        report.lost[(uid, held.device)] = msg
+        report.counts["lost"] += 1
+        log.error(msg, extra=log_fields(pod=pod, pod_uid=uid, device=held.device, ifname=held.host_ifname))
+        if live:
+            self.writer.put_result(self._failed_result(held.source, msg))
+
+    async def _recover_live(
+        self,
+        pod: nri_pb2.PodSandbox,
+        configs: list[st.DeviceConfig],
+        results: dict[str, st.AttachResult],
+        report: RecoveryReport,
+    ) -> None:
+        netns = pod_netns(pod)
+        track = self.pods.get(pod.uid)
+        if track is None or track.sandbox_id != pod.id:
+            track = PodTrack.of(pod)
+            self.pods[pod.uid] = track
+        track.netns = netns
+        track.configs = {c.device: c for c in configs}
+        lost: set[str] = set()
+        for d, r in sorted(results.items()):
+            if not r.attached or r.error or d in track.attached:
+                continue
+            held = Held(track.configs.get(d) or r, r.hardware_address)
+            fields = {**self._fields(track, held), "netns": netns}
+            try:
+                where = await self.engine.locate(held.source, netns, mac=held.mac)
+            except Exception as exc:
+                # Cannot look: trust the record (as dranet, which only keeps the netns path).
+                log.warning(
+                    "cannot check a device recorded in a live pod", extra={**fields, "error": str(exc)}
+                )
+                where = Location.POD
+            if where == Location.POD:
+                track.attached[d] = held
+                report.counts["kept"] += 1
+            elif where == Location.MISSING:
+                lost.add(d)
+                self._lost(report, pod.uid, held, track.ref, netns, live=True)
+            else:
+                log.warning("device recorded in a live pod is on the host", extra=fields)
+        for cfg in configs:
+            if cfg.device in track.attached or cfg.device in lost:
+                continue
+            res = results.get(cfg.device)
+            fields = {**self._fields(track, cfg), "netns": netns}
+            # A running pod without its device on record: it started while we were
+            # away, or the runtime dropped us on a timeout and started it without us,
+            # or we died before recording the attach. Its claim reserves the device
+            # for this pod and nothing else may use it, so attach it now (a hot-add
+            # for the pod) rather than leave the pod without it until it restarts;
+            # if it is already in the pod this only re-checks its config.
+            log.warning(
+                "running pod lacks its device on record; attaching it now",
+                extra={**fields, "result": "none" if res is None else (res.error or "returned")},
+            )
+            try:
+                done = await self._attach_one(cfg, netns)
+            except Exception as exc:
+                log.error("attach during recovery failed", extra={**fields, "error": str(exc)})
+                self.writer.put_result(self._failed_result(cfg, f"attach after a restart failed: {exc}"))
+                report.counts["attach_failed"] += 1
+                continue
+            track.attached[cfg.device] = Held(cfg, done.hardware_address)
+            self.writer.put_result(self._attached_result(cfg, done))
+            report.counts["recorded" if done.converged else "attached_late"] += 1
+
+    async def _recover_gone(
+        self,
+        uid: str,
+        configs: list[st.DeviceConfig],
+        results: dict[str, st.AttachResult],
+        active: bool,
+        report: RecoveryReport,
+    ) -> None:
+        track = self.pods.pop(uid, None)
+        if track is None and not results and not active:
+            report.counts["not_started"] += 1
+            return  # prepared, not started yet: nothing of ours to undo
+        by_device = {c.device: c for c in configs}
+        suspects: dict[str, Held] = {}
+        for d, r in results.items():
+            if r.attached:
+                suspects[d] = Held(by_device.get(d) or r, r.hardware_address)
+        if track is not None:
+            suspects.update(track.attached)
+        if active:
+            # RunPodSandbox ran for this pod: a device may be out without a record.
+            for d, c in by_device.items():
+                suspects.setdefault(d, Held(c))
+        netns = track.netns if track is not None else ""
+        pod = track.ref if track is not None else pod_name(configs, uid)
+        for device, held in sorted(suspects.items()):
+            fields = log_fields(pod=pod, pod_uid=uid, device=device, ifname=held.host_ifname)
+            try:
+                state = await self._detach_one(held, netns)
+            except Exception as exc:
+                log.error("could not give back a device of a gone pod", extra={**fields, "error": str(exc)})
+                report.counts["return_failed"] += 1
+                continue
+            if state == ReturnState.GONE:
+                self._lost(report, uid, held, pod, netns or "its netns", live=False)
+            else:
+                log.info(f"device of a gone pod is on the host ({state})", extra=fields)
+                report.counts["returned"] += 1
+        self.writer.clear(uid)
+        report.counts["cleared"] += 1
+
+
+def ready_conditions(cfg: st.DeviceConfig) -> tuple[Condition, ...]:
+    """dranet's conditions, when the engine reports none of its own."""
+    out: list[Condition] = []
+    if cfg.host_ifname:
+        out += [
+            Condition("Ready", "True", "NetworkDeviceReady"),
+            Condition("NetworkReady", "True", "NetworkReady"),
+        ]
+    elif cfg.rdma.link_dev:
+        out.append(Condition("Ready", "True", "RDMAOnlyDeviceReady"))
+    if cfg.rdma_netns_mode == "exclusive" and cfg.rdma.link_dev:
+        out.append(Condition("RDMALinkReady", "True", "RDMALinkReady"))
+    return tuple(out)
+
+
+def lost_message(held: Held, pod: str, netns: str) -> str:
+    name = held.host_ifname or (held.config.rdma.link_dev if held.config else "") or held.device
+    return (
+        f"device {held.device} ({name}) of pod {pod} is lost: found neither in the pod's netns "
+        f"{netns or '(unknown)'} nor on the host (a veth or IPvlan child dies with its netns)"
+    )
+
+
+def pod_name(configs: Sequence[st.DeviceConfig], uid: str) -> str:
+    for c in configs:
+        if c.pod.name:
+            return f"{c.pod.namespace}/{c.pod.name}"
+    return uid

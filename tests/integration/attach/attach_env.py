@@ -1,0 +1,302 @@
+"""The attach service's test world: a real store process, a real attach process on a
+real containerd's NRI socket, veth "NICs" whose far end sits in a peer netns, and
+`ip -j` to look at the result. Used by the attach integration and e2e tests and by
+tests/bench/attach.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from proto.dranet.store.v1 import store_pb2 as st
+from services.devcluster.containerd import Containerd
+from services.devcluster.cri import CriClient, SandboxConfig
+from shared.netconfig import InterfaceConfig, NetworkConfig
+from shared.storeclient import StoreClient
+from tests.support.procs import ServiceProcess
+
+DRIVER = "dra.net"
+POOL = "node-1"
+
+
+# -- processes ----------------------------------------------------------------------------
+
+
+def store_process(workdir: Path) -> ServiceProcess:
+    run = workdir / "run"
+    return ServiceProcess(
+        "services.store",
+        ["--db-dir", str(workdir / "db"), "--run-dir", str(run)],
+        socket=run / "store.sock",
+        log_path=workdir / "store.log",
+    )
+
+
+def attach_process(workdir: Path, nri_socket: str | os.PathLike[str], *extra: str) -> ServiceProcess:
+    """``python -m services.attach`` on ``nri_socket`` with short graceful-stop timings
+    unless ``extra`` overrides them (argparse keeps the last)."""
+    run = workdir / "run"
+    return ServiceProcess(
+        "services.attach",
+        [
+            "--run-dir",
+            str(run),
+            "--nri-socket",
+            os.fspath(nri_socket),
+            "--log-level",
+            "DEBUG",
+            "--drain-quiet",
+            "1",
+            "--drain-poll",
+            "0.2",
+            "--drain-timeout",
+            "20",
+            *extra,
+        ],
+        socket=run / "attach.sock",
+        log_path=workdir / "attach.log",
+    )
+
+
+async def wait_for(
+    check: Callable[[], Any], timeout_s: float = 15.0, what: str = "condition", interval_s: float = 0.05
+) -> Any:
+    """Poll ``check`` (sync or async) until it returns something truthy."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    last: Any = None
+    while True:
+        last = check()
+        if asyncio.iscoroutine(last):
+            last = await last
+        if last:
+            return last
+        if loop.time() > end:
+            raise TimeoutError(f"{what} not reached within {timeout_s}s (last: {last!r})")
+        await asyncio.sleep(interval_s)
+
+
+async def wait_liveness(
+    store: StoreClient, connected: bool, draining: bool | None = None, timeout_s: float = 20.0
+) -> st.AttachLiveness:
+    async def check() -> st.AttachLiveness | None:
+        live = await store.get_liveness()
+        if live.connected == connected and (draining is None or live.draining == draining):
+            return live
+        return None
+
+    result: st.AttachLiveness = await wait_for(
+        check, timeout_s, f"liveness connected={connected} draining={draining}"
+    )
+    return result
+
+
+# -- ip(8) ---------------------------------------------------------------------------------
+
+
+def ip_json(netns: str | None, *args: str) -> Any:
+    """``ip -j [-n netns] args`` as Python data."""
+    cmd = ["ip", "-j"] + (["-n", netns_name(netns)] if netns else []) + list(args)
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out) if out.strip() else []
+
+
+def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True)
+
+
+def netns_name(path: str) -> str:
+    """`ip -n` takes a name under /var/run/netns (where containerd mounts pod netns)."""
+    return os.path.basename(path)
+
+
+def link(netns: str | None, name: str) -> dict[str, Any] | None:
+    for entry in ip_json(netns, "link", "show"):
+        if entry.get("ifname") == name:
+            return dict(entry)
+    return None
+
+
+def addresses(netns: str | None, name: str) -> list[str]:
+    out = []
+    for entry in ip_json(netns, "addr", "show", "dev", name):
+        for a in entry.get("addr_info", []):
+            if a.get("scope") == "global":
+                out.append(f"{a['local']}/{a['prefixlen']}")
+    return out
+
+
+def routes(netns: str, *args: str) -> list[dict[str, Any]]:
+    return list(ip_json(netns, "route", "show", *args))
+
+
+def rules(netns: str) -> list[dict[str, Any]]:
+    return list(ip_json(netns, "rule", "show"))
+
+
+def neighbors(netns: str, name: str) -> list[dict[str, Any]]:
+    return list(ip_json(netns, "neigh", "show", "dev", name))
+
+
+def ping(netns: str, address: str, count: int = 2) -> bool:
+    res = subprocess.run(
+        ["ip", "netns", "exec", netns_name(netns), "ping", "-c", str(count), "-i", "0.2", "-W", "2", address],
+        capture_output=True,
+        text=True,
+    )
+    return res.returncode == 0
+
+
+def mac_of(netns: str | None, name: str) -> str:
+    entry = link(netns, name)
+    return str(entry["address"]) if entry else ""
+
+
+# -- veth "NICs" ---------------------------------------------------------------------------
+
+
+@dataclass
+class VethNic:
+    """A veth pair standing in for a NIC: ``name`` on the host (the device a claim
+    names), its peer ``peer_name`` in the netns ``peer_ns`` with ``peer_cidr``."""
+
+    name: str
+    peer_name: str
+    peer_ns: str
+    peer_cidr: str
+    peer_mac: str = ""
+
+    @property
+    def peer_ip(self) -> str:
+        return self.peer_cidr.split("/")[0]
+
+    def on_host(self) -> bool:
+        return Path(f"/sys/class/net/{self.name}").exists()
+
+
+@dataclass
+class NicFactory:
+    """Creates veth NICs and removes every one of them (and their peer netns) at the end."""
+
+    prefix: str = field(default_factory=lambda: "dn" + secrets.token_hex(2))
+    made: list[VethNic] = field(default_factory=list)
+
+    def make(self, subnet_index: int) -> VethNic:
+        i = len(self.made)
+        nic = VethNic(
+            name=f"{self.prefix}n{i}",
+            peer_name=f"{self.prefix}p{i}",
+            peer_ns=f"{self.prefix}-peer{i}",
+            peer_cidr=f"10.{200 + subnet_index // 250}.{subnet_index % 250}.1/24",
+        )
+        self.made.append(nic)
+        ip("netns", "add", nic.peer_ns)
+        ip("link", "add", nic.name, "type", "veth", "peer", "name", nic.peer_name)
+        ip("link", "set", nic.peer_name, "netns", nic.peer_ns)
+        ip("-n", nic.peer_ns, "addr", "add", nic.peer_cidr, "dev", nic.peer_name)
+        ip("-n", nic.peer_ns, "link", "set", nic.peer_name, "up")
+        ip("-n", nic.peer_ns, "link", "set", "lo", "up")
+        ip("link", "set", nic.name, "up")
+        nic.peer_mac = mac_of(nic.peer_ns, nic.peer_name)
+        return nic
+
+    def cleanup(self) -> None:
+        for nic in self.made:
+            # Deleting the peer's netns destroys the pair wherever the NIC end is.
+            ip("netns", "del", nic.peer_ns, check=False)
+            ip("link", "del", nic.name, check=False)
+
+
+@contextlib.contextmanager
+def nics() -> Iterator[NicFactory]:
+    f = NicFactory()
+    try:
+        yield f
+    finally:
+        f.cleanup()
+
+
+# -- configs and pods ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TestPod:
+    name: str
+    uid: str
+    namespace: str = "attach-test"
+
+    @staticmethod
+    def new(name: str) -> TestPod:
+        return TestPod(name=name, uid=str(uuid.uuid4()))
+
+    def sandbox(self, **kw: Any) -> SandboxConfig:
+        return SandboxConfig(name=self.name, uid=self.uid, namespace=self.namespace, **kw)
+
+    def ref(self) -> st.PodRef:
+        return st.PodRef(uid=self.uid, namespace=self.namespace, name=self.name)
+
+
+def device_config(
+    pod: TestPod,
+    nic: VethNic,
+    config: NetworkConfig,
+    device: str | None = None,
+    claim: str = "",
+    rdma: st.RdmaConfig | None = None,
+) -> st.DeviceConfig:
+    """A DeviceConfig as prepare stores it for the veth ``nic``."""
+    claim_name = claim or f"claim-{nic.name}"
+    host = NetworkConfig(interface=InterfaceConfig(name=nic.name))
+    return st.DeviceConfig(
+        pod=pod.ref(),
+        device=device or nic.name,
+        claim=st.ClaimRef(uid=f"uid-{claim_name}-{pod.uid[:8]}", namespace=pod.namespace, name=claim_name),
+        request="nic",
+        driver=DRIVER,
+        pool=POOL,
+        host_ifname=nic.name,
+        pod_config_json=config.to_json(),
+        host_config_json=host.to_json(),
+        rdma=rdma or st.RdmaConfig(),
+        rdma_netns_mode="shared",
+    )
+
+
+async def run_pod(cri: CriClient, ctrd: Containerd, pod: TestPod, **kw: Any) -> tuple[str, str]:
+    """RunPodSandbox through CRI; (sandbox id, netns path)."""
+    sid = await cri.run_pod_sandbox(pod.sandbox(**kw))
+    netns = (await cri.pod_sandbox_status(sid)).netns_path
+    ctrd.note_netns(netns)
+    return sid, netns
+
+
+async def stop_pod(cri: CriClient, sid: str, remove: bool = True) -> None:
+    await cri.stop_pod_sandbox(sid)
+    if remove:
+        await cri.remove_pod_sandbox(sid)
+
+
+def attach_log_lines(proc: ServiceProcess) -> list[dict[str, Any]]:
+    out = []
+    for line in proc.log().splitlines():
+        with contextlib.suppress(ValueError):
+            out.append(json.loads(line))
+    return out
+
+
+def results_by_device(state: st.PodState) -> dict[str, st.AttachResult]:
+    return {r.device: r for r in state.results}
+
+
+def names(entries: Sequence[dict[str, Any]], key: str = "ifname") -> list[str]:
+    return [str(e.get(key)) for e in entries]
