@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 _TRUE = {"1", "t", "T", "TRUE", "true", "True"}
 _FALSE = {"0", "f", "F", "FALSE", "false", "False"}
+_BODY_TYPES = ("application/json", "application/yaml")
 _ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
 
@@ -287,6 +288,9 @@ class ApiApp:
         if not raw:
             return None
         ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
+        if ctype not in _BODY_TYPES:
+            # Protobuf bodies (kubectl's typed clients: create namespace, run) are not implemented.
+            raise errors.unsupported_media_type(ctype, list(_BODY_TYPES))
         try:
             if ctype in ("application/yaml", "application/apply-patch+yaml"):
                 import yaml  # type: ignore[import-untyped, unused-ignore]
@@ -299,18 +303,28 @@ class ApiApp:
     def _respond(
         self, request: Request, res: Resource, obj: JSON, code: int, ctx: WriteContext | None = None
     ) -> Response:
-        headers = {}
-        if ctx is not None and ctx.warnings:
-            headers["Warning"] = ", ".join(f'299 - "{w}"' for w in ctx.warnings)
-        if obj.get("kind") not in ("Status",) and _wants_table(request.headers.get("accept", "")):
-            return _json(
-                self._table(request, res, [obj], obj["metadata"].get("resourceVersion", "")), code, headers
+        if obj.get("kind") != "Status" and _wants_table(request.headers.get("accept", "")):
+            response = _json(
+                self._table(request, res, [obj], obj["metadata"].get("resourceVersion", "")), code
             )
-        return _json(obj, code, headers)
+        else:
+            response = _json(obj, code)
+        for w in ctx.warnings if ctx is not None else ():
+            # One header per warning: code 299, agent "-", the text as an HTTP quoted-string.
+            quoted = w.replace("\\", "\\\\").replace('"', '\\"')
+            response.headers.append("Warning", f'299 - "{quoted}"')
+        return response
 
     async def _resource(self, request: Request, method: str, t: Target) -> Response:
         res, q = t.res, request.query_params
         ns = t.namespace or ""
+        if not self._allowed(method, t, q):
+            raise errors.method_not_allowed()
+        if res.plural == "bindings":
+            ctx = self._context(request)
+            body = await self._body(request)
+            name = ((body or {}).get("metadata") or {}).get("name", "") if isinstance(body, dict) else ""
+            return _json(self.registry.bind(ns, name, body, ctx), 201)
         if method == "GET":
             watch = t.watch_prefix or _bool(q, "watch")
             if t.name and not watch:
@@ -382,12 +396,29 @@ class ApiApp:
             if t.name:
                 code, obj = self.registry.delete(res, ns, t.name, options, ctx)
                 return self._respond(request, res, obj, code, ctx)
-            if "deletecollection" not in res.verbs:
-                raise errors.method_not_allowed()
             labels = parse_labels(q.get("labelSelector"))
             fields = parse_fields(q.get("fieldSelector"))
             return _json(self.registry.delete_collection(res, t.namespace, labels, fields, options, ctx))
         raise errors.method_not_allowed()
+
+    @staticmethod
+    def _allowed(method: str, t: Target, q: Any) -> bool:
+        if t.subresource:
+            allowed = {"status": ("GET", "PUT", "PATCH"), "binding": ("POST",), "finalize": ("PUT",)}
+            return method in allowed.get(t.subresource, ()) and not (t.watch_prefix or _bool(q, "watch"))
+        if method == "GET":
+            verb = "watch" if t.watch_prefix or _bool(q, "watch") else ("get" if t.name else "list")
+        elif method == "POST":
+            verb = "create"
+        elif method == "PUT":
+            verb = "update"
+        elif method == "PATCH":
+            verb = "patch"
+        elif method == "DELETE":
+            verb = "delete" if t.name else "deletecollection"
+        else:
+            return False
+        return verb in t.res.verbs
 
     async def _delete_options(self, request: Request) -> JSON:
         body = await self._body(request)

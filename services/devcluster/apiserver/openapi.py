@@ -271,7 +271,7 @@ def document(group: str, version: str, kube_version: str, schema_version: str) -
         "io.k8s.apimachinery.pkg.apis.meta.v1.WatchEvent",
     ]
     for res in RESOURCES:
-        if (res.group, res.version) != (group, version):
+        if (res.group, res.version) != (group, version) or "list" not in res.verbs:
             continue
         schema = _def_name(defs, res.group, res.version, res.kind)
         list_schema = _def_name(defs, res.group, res.version, res.kind + "List")

@@ -698,7 +698,7 @@ class Registry:
     ) -> JSON:
         check_supported(fields, res.strategy.field_labels, res.strategy.field_error)
         ns = namespace if res.namespaced and namespace else None
-        deleted = []
+        listed = []
         for key, obj in self.storage.items(res.plural, ns):
             meta = obj.get("metadata") or {}
             if not labels.empty and not labels.matches(meta.get("labels")):
@@ -706,23 +706,21 @@ class Registry:
             if not fields.empty and not fields.matches(selectable_fields(res, obj)):
                 continue
             try:
-                _, out = self.delete(
+                self.delete(
                     res, key[0], key[1], {k: v for k, v in options.items() if k != "preconditions"}, ctx
                 )
             except ApiError as e:
                 if e.code == 404:
                     continue
                 raise
-            if out.get("kind") != "Status":
-                deleted.append({k: v for k, v in out.items() if k not in ("apiVersion", "kind")})
-        if res.strategy.return_deleted:
-            return {
-                "kind": f"{res.kind}List",
-                "apiVersion": res.api_version,
-                "metadata": {"resourceVersion": str(self.storage.rv)},
-                "items": deleted,
-            }
-        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
+            listed.append({k: v for k, v in obj.items() if k not in ("apiVersion", "kind")})
+        # The generic registry answers with the list of what it deleted, as it was listed.
+        return {
+            "kind": f"{res.kind}List",
+            "apiVersion": res.api_version,
+            "metadata": {"resourceVersion": str(self.storage.rv)},
+            "items": listed,
+        }
 
     # -- controllers: garbage collector and namespace lifecycle ---------------------------------
 
@@ -763,6 +761,8 @@ class Registry:
         )
         if res is None:
             return None
+        if res.namespaced and not dependent_ns:
+            return None  # a cluster-scoped dependent cannot name a namespaced owner: never collected
         owner = self.storage.get(res.plural, _key(res, dependent_ns, ref.get("name", "")))
         return owner is not None and owner["metadata"].get("uid") == ref.get("uid")
 

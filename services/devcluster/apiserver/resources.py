@@ -655,7 +655,8 @@ class Resource:
             main["shortNames"] = list(self.short_names)
         if self.categories:
             main["categories"] = list(self.categories)
-        main["storageVersionHash"] = self.storage_version_hash()
+        if "list" in self.verbs:
+            main["storageVersionHash"] = self.storage_version_hash()
         out = [main]
         for sub in self.subresources:
             if sub == "status":
@@ -692,6 +693,8 @@ class Resource:
 
 
 RESOURCES: tuple[Resource, ...] = (
+    # POST-only: the older way of binding a pod (the pods/binding subresource is the other).
+    Resource("", "v1", "bindings", "binding", "Binding", True, Strategy(), verbs=("create",)),
     Resource("", "v1", "events", "event", "Event", True, EventStrategy(), short_names=("ev",)),
     Resource(
         "",
