@@ -156,7 +156,8 @@ class FakeDraPlugin:
 
     Prepare is idempotent and answers one device per claim (pool = node, device = ``dev-<name>``).
     Switches: ``get_info_error`` (GetInfo fails), ``prepare_errors``/``unprepare_errors`` (claim UID ->
-    per-claim error), ``prepare_abort``/``unprepare_abort`` (a gRPC status code for the whole call).
+    per-claim error), ``prepare_error_all`` (every claim fails), ``prepare_abort``/``unprepare_abort``
+    (a gRPC status code for the whole call).
     """
 
     def __init__(
@@ -181,6 +182,7 @@ class FakeDraPlugin:
         self.get_info_calls = 0
         self.get_info_error = False
         self.prepare_errors: dict[str, str] = {}
+        self.prepare_error_all = ""  # when set, every claim fails with it
         self.unprepare_errors: dict[str, str] = {}
         self.prepare_abort: grpc.StatusCode | None = None
         self.unprepare_abort: grpc.StatusCode | None = None
@@ -283,7 +285,7 @@ class _Dra:
             await context.abort(self.p.prepare_abort, "fake plugin: NodePrepareResources switched off")
         resp = self.pb.NodePrepareResourcesResponse()
         for c in request.claims:
-            err = self.p.prepare_errors.get(c.uid, "")
+            err = self.p.prepare_errors.get(c.uid, "") or self.p.prepare_error_all
             if err:
                 resp.claims[c.uid].error = err
                 continue
