@@ -828,3 +828,39 @@ __all__ = [
     "SyncError",
     "pod_claim_names",
 ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m services.devcluster.kubelet``: one node's kubelet emulator until SIGTERM."""
+    import argparse
+
+    from services.devcluster.kubelet_api import KubeApi
+    from shared import service
+
+    p = argparse.ArgumentParser(prog="python -m services.devcluster.kubelet", description=main.__doc__)
+    p.add_argument("--node-name", required=True)
+    p.add_argument("--root-dir", default="/var/lib/kubelet", help="holds plugins_registry/ and plugins/")
+    p.add_argument("--kubeconfig", required=True)
+    p.add_argument("--runtime-endpoint", required=True, help="the CRI socket (containerd's gRPC socket)")
+    p.add_argument("--pod-log-dir", default=None)
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+
+    async def run(stop: asyncio.Event) -> None:
+        api = await KubeApi.from_kubeconfig(args.kubeconfig)
+        runtime = cri.CriClient(args.runtime_endpoint)
+        kubelet = Kubelet(args.node_name, args.root_dir, runtime, api=api, pod_log_dir=args.pod_log_dir)
+        try:
+            await kubelet.start()
+            log.info("kubelet emulator running", extra=log_fields(node=args.node_name, root=args.root_dir))
+            await stop.wait()
+        finally:
+            await kubelet.stop()
+            await runtime.close()
+            await api.close()
+
+    service.run("kubelet", args.log_level, run)
+
+
+if __name__ == "__main__":
+    main()

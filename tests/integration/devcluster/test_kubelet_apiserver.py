@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +26,7 @@ from tests.fixtures_runtime import FakeDraPlugin, exists, is_netns_mount
 
 pytestmark = [pytest.mark.containerd, pytest.mark.root]
 
+REPO = Path(__file__).resolve().parents[3]
 NS = "default"
 NODE = "node-1"
 MakeKubelet = Callable[..., Awaitable[Kubelet]]
@@ -256,3 +259,50 @@ async def test_kubelet_start_wipes_the_node_slices(
         assert await cluster.slices() == []
     finally:
         await api.close()
+
+
+async def test_kubelet_as_a_process(
+    api_server: Any, containerd: Containerd, cluster: Cluster, kubelet_root: Path
+) -> None:
+    """``python -m services.devcluster.kubelet`` (what the local run starts) runs and removes a pod."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "services.devcluster.kubelet",
+        "--node-name",
+        NODE,
+        "--root-dir",
+        str(kubelet_root),
+        "--kubeconfig",
+        api_server.kubeconfig_path,
+        "--runtime-endpoint",
+        str(containerd.grpc_socket),
+        cwd=REPO,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        pod = await cluster.core.create_namespaced_pod(
+            NS,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "plain"},
+                "spec": {
+                    "nodeName": NODE,
+                    "containers": [{"name": "app", "image": "registry.example/app:1"}],
+                },
+            },
+        )
+        p = await eventually(lambda: running(cluster, "plain"), "pod plain Running")
+        assert ipaddress.ip_address(p.status.pod_ip) in containerd.cni_subnet
+        await cluster.core.delete_namespaced_pod("plain", NS)
+        await eventually(lambda: _gone(cluster, "plain"), "pod plain deleted")
+        async with CriClient(containerd.grpc_socket) as cl:
+            assert await cl.list_pod_sandboxes(labels={POD_UID_LABEL: pod.metadata.uid}) == []
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+        _, err = await asyncio.wait_for(proc.communicate(), 15)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert b'"msg": "kubelet emulator running"' in err
