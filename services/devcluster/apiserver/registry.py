@@ -157,7 +157,8 @@ class Registry:
         ns = self.storage.get("namespaces", ("", namespace))
         if ns is None:
             raise errors.not_found("namespaces", "", namespace)
-        if (ns.get("metadata") or {}).get("deletionTimestamp"):
+        # Events may still be written while a namespace terminates (they explain why).
+        if (ns.get("metadata") or {}).get("deletionTimestamp") and res.plural != "events":
             raise errors.forbidden_error(
                 res.plural,
                 res.group,
@@ -808,6 +809,12 @@ class Registry:
             if current is None:
                 continue
             if len(dangling) == len(refs):
+                log.info(
+                    "garbage collector: deleting %s %s: no owner left (%s)",
+                    plural,
+                    "/".join(filter(None, key)),
+                    ", ".join(f"{r.get('kind')} {r.get('name')} uid {r.get('uid')}" for r in dangling),
+                )
                 self._try_delete(BY_PLURAL[plural], key, ctx)
             else:
                 new = copy.deepcopy(current)

@@ -257,6 +257,8 @@ class PodStrategy(Strategy):
                 tag = image.rsplit("/", 1)[-1]
                 latest = "@" not in image and (":" not in tag or tag.endswith(":latest"))
                 c.setdefault("imagePullPolicy", "Always" if latest else "IfNotPresent")
+                for port in c.get("ports") or []:
+                    port.setdefault("protocol", "TCP")
 
     def prepare_create(self, obj: JSON) -> None:
         spec = obj.setdefault("spec", {})

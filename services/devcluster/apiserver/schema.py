@@ -12,14 +12,13 @@ that strategic merge patch and server-side apply need.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
-
-import kubernetes_validate
 
 from . import errors
 from .errors import FieldError
@@ -61,7 +60,11 @@ _TIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}
 
 
 def schema_dir(version: str, strict: bool = True) -> str:
-    base = os.path.join(os.path.dirname(kubernetes_validate.__file__), "kubernetes-json-schema")
+    # Locate the package without importing it: its __init__ pulls in jsonschema (a quarter second).
+    spec = importlib.util.find_spec("kubernetes_validate")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("the kubernetes-validate package is not installed")
+    base = os.path.join(os.path.dirname(spec.origin), "kubernetes-json-schema")
     return os.path.join(base, f"v{version}-local" + ("-strict" if strict else ""))
 
 
