@@ -27,6 +27,20 @@ class KubeError(Exception):
         self.status = status
 
 
+async def _checked(resp: Any, what: str) -> bytes:
+    """The body of a raw response; with ``_preload_content=False`` the client does
+    not raise for error statuses, so do it here (404 as status 404)."""
+    body: bytes = await resp.read()
+    if not 200 <= resp.status <= 299:
+        message = body.decode(errors="replace")
+        try:
+            message = json.loads(body).get("message", message)
+        except ValueError:
+            pass
+        raise KubeError(resp.status, f"{what}: {resp.status} {message}")
+    return body
+
+
 class Kube:
     """An API client for one driver: claim reads, claim status applies, events."""
 
@@ -55,19 +69,22 @@ class Kube:
 
     async def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The claim as a dict, or None when it does not exist."""
+        what = f"reading claim {namespace}/{name}"
         try:
             resp = await self._resource.read_namespaced_resource_claim(
                 name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S
             )
-            body = await resp.read()
+            body = await _checked(resp, what)
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
         except ApiException as exc:
             if exc.status == 404:
                 return None
-            raise KubeError(
-                exc.status, f"reading claim {namespace}/{name}: {exc.status} {exc.reason}"
-            ) from None
+            raise KubeError(exc.status, f"{what}: {exc.status} {exc.reason}") from None
         except (OSError, TimeoutError) as exc:
-            raise KubeError(0, f"reading claim {namespace}/{name}: {exc}") from None
+            raise KubeError(0, f"{what}: {exc}") from None
         claim: dict[str, Any] = json.loads(body)
         return claim
 
@@ -80,8 +97,9 @@ class Kube:
             "metadata": {"name": name, "namespace": namespace},
             "status": {"devices": devices},
         }
+        what = f"applying status of claim {namespace}/{name}"
         try:
-            await self._resource.patch_namespaced_resource_claim_status(
+            resp = await self._resource.patch_namespaced_resource_claim_status(
                 name,
                 namespace,
                 body,
@@ -91,15 +109,18 @@ class Kube:
                 _request_timeout=REQUEST_TIMEOUT_S,
                 _preload_content=False,
             )
+            await _checked(resp, what)
+        except KubeError as exc:
+            if exc.status == 404:
+                return False
+            raise
         except ApiException as exc:
             if exc.status == 404:
                 return False
             detail = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else str(exc.body)
-            raise KubeError(
-                exc.status, f"applying status of claim {namespace}/{name}: {exc.status} {body}"
-            ) from None
+            raise KubeError(exc.status, f"{what}: {exc.status} {detail}") from None
         except (OSError, TimeoutError) as exc:
-            raise KubeError(0, f"applying status of claim {namespace}/{name}: {exc}") from None
+            raise KubeError(0, f"{what}: {exc}") from None
         return True
 
     async def claim_event(self, claim: dict[str, Any], reason: str, message: str) -> None:
@@ -124,8 +145,9 @@ class Kube:
             "reportingComponent": self.field_manager,
         }
         try:
-            await self._core.create_namespaced_event(
+            resp = await self._core.create_namespaced_event(
                 namespace, body, _request_timeout=REQUEST_TIMEOUT_S, _preload_content=False
             )
-        except (ApiException, OSError, TimeoutError) as exc:
+            await _checked(resp, "recording an event")
+        except (ApiException, KubeError, OSError, TimeoutError) as exc:
             log.debug("could not record event", extra={"reason": reason, "error": str(exc)})
