@@ -7,19 +7,24 @@ attributes keyed by qualified name, each a DeviceAttribute with Go field names
 published when the result is true; an evaluation error publishes it too, a
 non-bool result does not (dranet pkg/filter).
 
-cel-python evaluates about 1,500 devices a second, so results are cached by
-the device's attributes: a rescan that changed nothing evaluates nothing, and
-a big first evaluation yields to the event loop between devices.
+cel-python evaluates only about 1,000-2,000 devices a second, so results are
+cached. When the expression reads ``attributes`` only as ``attributes["name"]``
+and ``"name" in attributes`` with literal names (dranet's default does), a result
+depends on those attributes alone: the cache is keyed on them and evaluation
+sees only them, so 1,000 veths of one type cost one evaluation. Otherwise the
+key is every attribute. A big evaluation yields to the event loop as it goes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Iterable, Sequence
 
 from celpy import celtypes
 
+from services.inventory.cloud.base import Attribute
 from services.inventory.discovery import Device
 from shared import cel
 
@@ -30,6 +35,27 @@ DEFAULT_FILTER = '!("dra.net/type" in attributes) || attributes["dra.net/type"].
 
 _CacheKey = tuple[tuple[str, str, object], ...]
 _MAX_CACHE = 65536
+
+_LITERAL = r"(?:\"(?P<{0}d>[^\"\\]*)\"|'(?P<{0}s>[^'\\]*)')"
+_INDEXED = re.compile(r"\battributes\s*\[\s*" + _LITERAL.format("i") + r"\s*\]")
+_MEMBER = re.compile(_LITERAL.format("m") + r"\s+in\s+attributes\b")
+_ANY_USE = re.compile(r"\battributes\b")
+
+
+def referenced_attributes(expression: str) -> frozenset[str] | None:
+    """The attribute names ``expression`` can read, when it reads ``attributes``
+    only through literal keys (``attributes["x"]``, ``"x" in attributes``); None
+    when it may look at others (iteration, size(), escapes in a key, ...)."""
+    names: set[str] = set()
+
+    def take(m: re.Match[str]) -> str:
+        names.add(next(g for g in m.groups() if g is not None))
+        return " "
+
+    rest = _MEMBER.sub(take, _INDEXED.sub(take, expression))
+    if _ANY_USE.search(rest):
+        return None
+    return frozenset(names)
 
 
 class FilterError(ValueError):
@@ -46,18 +72,21 @@ class DeviceFilter:
         except cel.CelCompileError as exc:
             raise FilterError(f"--filter: {exc}") from None
         self._cache: dict[_CacheKey, bool] = {}
+        self.reads = referenced_attributes(expression)
 
-    @staticmethod
-    def _key(device: Device) -> _CacheKey:
-        return tuple(sorted((k, a.kind.value, a.value) for k, a in device.attributes.items()))
+    def _relevant(self, device: Device) -> dict[str, Attribute]:
+        if self.reads is None:
+            return dict(device.attributes)
+        return {k: a for k, a in device.attributes.items() if k in self.reads}
 
     def keep(self, device: Device) -> bool:
         """Whether ``device`` is published."""
-        key = self._key(device)
+        attrs = self._relevant(device)
+        key = tuple(sorted((k, a.kind.value, a.value) for k, a in attrs.items()))
         hit = self._cache.get(key)
         if hit is not None:
             return hit
-        entry = device.slice_entry()
+        entry = {"name": device.name, "attributes": {k: a.to_json() for k, a in attrs.items()}}
         try:
             result = self.program.evaluate(cel.filter_variables(entry))
         except cel.CelEvalError as exc:

@@ -319,8 +319,14 @@ async def make_api_client(kubeconfig: str) -> Any:
     from kubernetes_asyncio import client, config
 
     cfg = client.Configuration()
-    if kubeconfig:
-        await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-    else:
-        config.load_incluster_config(client_configuration=cfg)
+    try:
+        if kubeconfig:
+            await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        else:
+            config.load_incluster_config(client_configuration=cfg)
+    except (config.ConfigException, OSError) as exc:
+        where = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster config (no --kubeconfig given)"
+        raise RuntimeError(
+            f"cannot load {where}: {exc}; use --no-publish to run without an API server"
+        ) from None
     return client.ApiClient(configuration=cfg)

@@ -7,7 +7,13 @@ import pytest
 from services.inventory import attributes as A
 from services.inventory.cloud.base import Attribute
 from services.inventory.discovery import Device
-from services.inventory.filter import DEFAULT_FILTER, DeviceFilter, FilterError, apply_filter
+from services.inventory.filter import (
+    DEFAULT_FILTER,
+    DeviceFilter,
+    FilterError,
+    apply_filter,
+    referenced_attributes,
+)
 
 
 def device(name: str, **attrs: Attribute) -> Device:
@@ -60,26 +66,57 @@ def test_bad_expression_fails_with_a_message() -> None:
         DeviceFilter("nosuchvariable == 1")
 
 
-def test_results_are_cached_by_attributes() -> None:
-    flt = DeviceFilter(DEFAULT_FILTER)
-    assert flt.keep(VETH) is False
-    calls = []
-    real = flt.program.evaluate
-    flt.program = type("P", (), {"evaluate": lambda self, v: calls.append(v) or real(v)})()  # type: ignore[assignment]
-    assert (
-        flt.keep(
-            device(
-                "other-name",
-                **{"dra.net__type": Attribute.of_string("veth"), "dra.net__mtu": Attribute.of_int(1500)},
-            )
-        )
-        is False
-    )
-    assert calls == []  # same attributes: no evaluation
-    changed = device(
-        "veth0", **{"dra.net__type": Attribute.of_string("veth"), "dra.net__mtu": Attribute.of_int(9000)}
-    )
-    assert flt.keep(changed) is False and len(calls) == 1
+class CountingFilter(DeviceFilter):
+    """Counts real evaluations."""
+
+    def __init__(self, expression: str) -> None:
+        super().__init__(expression)
+        self.evaluations = 0
+        real = self.program
+
+        class Program:
+            def evaluate(inner, variables):  # type: ignore[no-untyped-def]
+                self.evaluations += 1
+                return real.evaluate(variables)
+
+        self.program = Program()  # type: ignore[assignment]
+
+
+def veth(name: str, mtu: int, kind: str = "veth") -> Device:
+    return device(name, **{"dra.net__type": Attribute.of_string(kind), "dra.net__mtu": Attribute.of_int(mtu)})
+
+
+def test_literal_reads_key_the_cache_on_those_attributes_only() -> None:
+    flt = CountingFilter(DEFAULT_FILTER)
+    assert [flt.keep(veth(f"v{i}", 1500 + i)) for i in range(100)] == [False] * 100
+    assert flt.evaluations == 1  # only dra.net/type matters
+    assert flt.keep(veth("b", 1500, kind="bridge")) is True and flt.evaluations == 2
+
+
+def test_other_expressions_key_the_cache_on_every_attribute() -> None:
+    flt = CountingFilter("size(attributes) > 1")
+    assert flt.keep(veth("a", 1500)) and flt.keep(veth("b", 1500))
+    assert flt.evaluations == 1
+    assert flt.keep(veth("c", 9000)) and flt.evaluations == 2
+
+
+@pytest.mark.parametrize(
+    ("expression", "want"),
+    [
+        (DEFAULT_FILTER, {"dra.net/type"}),
+        ("attributes['dra.net/rdma'].BoolValue", {"dra.net/rdma"}),
+        ('"x" in attributes && attributes[ "y" ].IntValue > 1', {"x", "y"}),
+        ("true", set()),
+        ("attributes.exists(k, k.startsWith('dra.net/'))", None),
+        ("size(attributes) > 2", None),
+        ('attributes["dra.net/" + "type"].StringValue == "veth"', None),
+        ('attributes["a\\"b"].StringValue == ""', None),
+        ('attributes["x"].StringValue == "attributes"', None),
+    ],
+)
+def test_referenced_attributes(expression: str, want: set[str] | None) -> None:
+    got = referenced_attributes(expression)
+    assert (set(got) if got is not None else None) == want
 
 
 async def test_no_filter_publishes_everything() -> None:
