@@ -509,8 +509,9 @@ class DeviceSpec:
             raise PlanError(f"device {cfg.device}: pod_config_json: {exc}") from None
         try:
             host = parse_network_config(cfg.host_config_json)
-        except ConfigError as exc:
-            raise PlanError(f"device {cfg.device}: host_config_json: {exc}") from None
+        except ConfigError:
+            # Only a rollback reads it (to restore host addresses): never block an attach on it.
+            host = None
         host_ifname = cfg.host_ifname or (host.interface.name if host else "")
         if not host_ifname:
             kind = DeviceKind.RDMA_ONLY

@@ -94,6 +94,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# Link kinds attach creates on a host parent (macvlan: only tests use it, on kernels without ipvlan).
+CHILD_KINDS = ("ipvlan", "macvlan")
 # Errors of an "add" that mean the thing is already there (converge, do not undo).
 _EXISTS = (errno.EEXIST,)
 # Errors of a "remove" that mean it is already gone.
@@ -441,8 +443,22 @@ def _add(fn: Callable[[], None]) -> _Applied:
     return _Applied()
 
 
+def _identified_by(loc: LinkLocator) -> Callable[[LinkState], bool] | None:
+    """A link found by name is ours only if it carries the tag or the MAC the locator
+    names: a rollback must not move the pod's own interface that took our name."""
+    if not loc.altname and not loc.mac:
+        return None
+
+    def check(found: LinkState) -> bool:
+        return (bool(loc.altname) and loc.altname in found.altnames) or (
+            bool(loc.mac) and found.mac == loc.mac.lower()
+        )
+
+    return check
+
+
 def _move_link(run: _Run, step: MoveLink) -> _Applied:
-    link = run.locate(step.ns, step.locator)
+    link = run.locate(step.ns, step.locator, _identified_by(step.locator))
     if link is None:
         raise NetlinkError(errno.ENODEV, f"{step.locator.describe()} not found in the {step.ns} netns")
     a = step.attrs
@@ -545,7 +561,7 @@ def _observe_attach(run: _Run, spec: DeviceSpec) -> AttachObservation:
         child = run.link(Ns.POD, spec.pod_ifname)
         if child is None:
             return AttachObservation(on_host=parent)
-        if parent is not None and child.kind == "ipvlan" and child.link == parent.index:
+        if parent is not None and child.kind in CHILD_KINDS and child.link == parent.index:
             return AttachObservation(on_host=parent, in_pod=child)
         return AttachObservation(on_host=parent, pod_name_taken=child)
     on_host = run.link(Ns.HOST, spec.host_ifname)
@@ -581,7 +597,7 @@ def _observe_return(run: _Run, target: ReturnTarget) -> ReturnObservation:
         def ours(link: LinkState) -> bool:
             if tag in link.altnames:
                 return True
-            if link.kind == "ipvlan":
+            if link.kind in CHILD_KINDS:
                 # Our IPvlan child carries no tag: its parent must be our host device.
                 parent = run.link(Ns.HOST, target.host_ifname)
                 return parent is not None and link.link == parent.index
