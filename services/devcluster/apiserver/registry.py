@@ -426,7 +426,8 @@ class Registry:
         elif content_type == "application/merge-patch+json":
             if not isinstance(patch, dict):
                 raise bad_request("merge patch must be a JSON object")
-            patched = merge_patch(old, patch)
+            # merge_patch shares untouched subtrees with its input; the stored object must stay intact.
+            patched = merge_patch(copy.deepcopy(old), patch)
         else:
             patched = self.smp.apply(old, patch, self.root(res))
         if not isinstance(patched, dict):

@@ -11,8 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -630,7 +629,6 @@ class Resource:
     categories: tuple[str, ...] = ()
     subresources: tuple[str, ...] = ()
     verbs: tuple[str, ...] = ALL_VERBS
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def api_version(self) -> str:
@@ -769,8 +767,6 @@ RESOURCES: tuple[Resource, ...] = (
 BY_PATH: dict[tuple[str, str, str], Resource] = {(r.group, r.version, r.plural): r for r in RESOURCES}
 BY_PLURAL: dict[str, Resource] = {r.plural: r for r in RESOURCES}
 GROUP_VERSIONS: tuple[tuple[str, str], ...] = tuple(dict.fromkeys((r.group, r.version) for r in RESOURCES))
-
-FieldsFn = Callable[[JSON], dict[str, str]]
 
 
 def selectable_fields(res: Resource, obj: JSON) -> dict[str, str]:

@@ -347,3 +347,23 @@ async def test_status_and_spec_are_written_only_through_their_own_endpoints(kube
         )
     assert fixed.value.status == 422
     assert error_body(fixed.value)["details"]["causes"][0]["field"] == "status.allocation"
+
+
+async def test_watch_with_initial_events_ends_them_with_a_bookmark(kube: client.ApiClient) -> None:
+    r = client.ResourceV1Api(kube)
+    await r.create_resource_slice(slice_body("a", "node1"))
+    await r.create_resource_slice(slice_body("b", "node1"))
+    seen: list[tuple[str, Any]] = []
+    async with watch.Watch() as w:
+        async for ev in w.stream(
+            r.list_resource_slice,
+            send_initial_events=True,
+            resource_version_match="NotOlderThan",
+            allow_watch_bookmarks=True,
+            timeout_seconds=5,
+        ):
+            if ev["type"] == "BOOKMARK":
+                seen.append(("BOOKMARK", ev["object"]["metadata"].get("annotations")))
+                break
+            seen.append((ev["type"], ev["object"].metadata.name))
+    assert seen == [("ADDED", "a"), ("ADDED", "b"), ("BOOKMARK", {"k8s.io/initial-events-end": "true"})]

@@ -268,3 +268,20 @@ async def test_create_rules_shared_by_all_types(kube: client.ApiClient) -> None:
     bad = copy.deepcopy(slice_body("Bad_Name", "node1"))
     code, status = await refused(r.create_resource_slice(bad))
     assert code == 422 and status["details"]["causes"][0]["field"] == "metadata.name"
+
+
+async def test_exact_list_at_an_older_version_shows_the_object_as_it_was(kube: client.ApiClient) -> None:
+    r = client.ResourceV1Api(kube)
+    before = await r.create_resource_slice(slice_body("s", "node1"))
+    await r.patch_resource_slice(
+        "s", {"spec": {"pool": {"generation": 2}}}, _content_type="application/merge-patch+json"
+    )
+    old = await r.list_resource_slice(
+        resource_version=before.metadata.resource_version, resource_version_match="Exact"
+    )
+    (item,) = old.items
+    assert item.metadata.resource_version == before.metadata.resource_version
+    assert (item.spec.pool.generation, item.metadata.generation) == (1, 1)
+    assert old.metadata.resource_version == before.metadata.resource_version
+    now = await r.read_resource_slice("s")
+    assert (now.spec.pool.generation, now.metadata.generation) == (2, 2)
