@@ -54,13 +54,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--drain-timeout", type=_positive, default=300.0, help="graceful stop: give up waiting after this"
     )
+    p.add_argument(
+        "--dev-root",
+        default="/",
+        help="where the host's /dev is seen (RDMA device files are checked under it)",
+    )
     return p.parse_args(argv)
 
 
-def make_engine() -> DeviceEngine:
+def make_engine(dev_root: str) -> DeviceEngine:
+    # Imported here: the engine opens the host netns at construction.
     from services.attach.enginebridge import NetdevBridge
 
-    return NetdevBridge()
+    return NetdevBridge(dev_root=dev_root)
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
@@ -76,7 +82,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     )
     attach = AttachService(
         store,
-        make_engine(),
+        make_engine(args.dev_root),
         stub_config,
         admin_socket=service.socket_path(run_dir, "attach"),
         hook_config=HookConfig(stop_budget_s=min(1.0, args.hook_timeout * 0.7)),

@@ -105,6 +105,9 @@ class PodTrack:
         self.configs: dict[str, st.DeviceConfig] = {}
         # Devices this sandbox holds now.
         self.attached: dict[str, Held] = {}
+        # RunPodSandbox failed for this sandbox: its removal keeps the error on
+        # record for the claim status (the kubelet retries with a new sandbox).
+        self.failed = False
 
     @property
     def ref(self) -> str:
@@ -346,6 +349,10 @@ class AttachHooks(NriHandlers):
                 log.error(msg, extra=self._fields(pod))
                 for cfg in configs:
                     self.writer.put_result(self._failed_result(cfg, msg))
+                held = self.pods.get(uid)
+                if held is None or not held.attached:
+                    self.pods[uid] = PodTrack.of(pod)
+                    self.pods[uid].failed = True
                 raise TtrpcError(Code.UNKNOWN, msg)
 
             track = self.pods.get(uid)
@@ -401,6 +408,7 @@ class AttachHooks(NriHandlers):
         self.writer.put_result(self._failed_result(cfg, error))
         # All or nothing: the runtime tears this sandbox down and the kubelet retries.
         await self._give_back(track, "RunPodSandbox failed", note=f"rolled back: device {cfg.device} failed")
+        track.failed = True
         raise TtrpcError(Code.UNKNOWN, msg)
 
     # -- CreateContainer --------------------------------------------------------------
@@ -515,8 +523,49 @@ class AttachHooks(NriHandlers):
                 if track.attached:
                     return  # keep the books: the runtime's retry finds them again
             self.pods.pop(pod.uid, None)
+            if track is not None and track.failed:
+                # Keep why it failed for the claim status; the next attach overwrites
+                # it, or it goes when prepare removes the pod's configs (collect_garbage).
+                return
             if stored is not None:
                 self.writer.clear(pod.uid)
+
+    # -- attach state of pods no longer prepared -------------------------------------
+
+    async def collect_garbage(self, retry_max_s: float = 5.0) -> None:
+        """Clears the attach state of pods that hold no device once prepare removed
+        their configs (NodeUnprepare), so no record outlives its pod: e.g. the
+        error of a pod that never started. Watches the store; runs until cancelled."""
+        delay = 0.1
+        while True:
+            try:
+                events = self.store.watch(initial=False)
+                # Whatever was deleted while we were not watching.
+                listing = await self.store.list()
+                prepared = {d.pod.uid for d in listing.devices}
+                ours = {r.pod_uid for r in listing.results} | {a.pod_uid for a in listing.activities}
+                for uid in sorted(ours - prepared):
+                    await self._collect(uid)
+                async for ev in events:
+                    delay = 0.1
+                    if ev.type == st.WatchEvent.DELETE and ev.WhichOneof("record") == "device":
+                        await self._collect(ev.device.pod.uid)
+            except StoreCallError as exc:
+                log.debug("store watch ended; watching again", extra=log_fields(error=str(exc)))
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, retry_max_s)
+
+    async def _collect(self, uid: str) -> None:
+        async with self._locks.hold(uid):
+            track = self.pods.get(uid)
+            if track is not None and track.attached:
+                return
+            state = await self.store.get_pod(uid)
+            if state.devices or not (state.results or state.activity.last_nri_activity_unix_nano):
+                return
+            self.pods.pop(uid, None)
+            log.info("pod no longer prepared: clearing its attach state", extra=log_fields(pod_uid=uid))
+            self.writer.clear(uid)
 
     # -- Synchronize -------------------------------------------------------------------
 

@@ -105,6 +105,7 @@ class AttachService:
         )
         self.admin = UdsServer(admin_socket).add(AdminServicer("attach", self.health).register)
         self._stub_task: asyncio.Task[None] | None = None
+        self._gc_task: asyncio.Task[None] | None = None
         self.draining = False
 
     async def _on_connected(self, info: RuntimeInfo) -> None:
@@ -138,6 +139,7 @@ class AttachService:
         await self.admin.start()
         self.writer.start()
         self.liveness.start()
+        self._gc_task = asyncio.create_task(self.hooks.collect_garbage(), name="attach-state-gc")
         self._stub_task = asyncio.create_task(self.stub.run(), name="nri")
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -168,6 +170,10 @@ class AttachService:
                 await asyncio.wait_for(self._stub_task, 10)
             self._stub_task = None
         await self.hooks.close()
+        if self._gc_task is not None:
+            self._gc_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._gc_task
         await self.liveness.close()
         await self.writer.close()
         await self.admin.stop(grace=0)

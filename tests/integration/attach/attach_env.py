@@ -7,11 +7,16 @@ tests/bench/attach.py.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import ctypes
 import json
 import os
 import secrets
+import socket
+import struct
 import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +31,8 @@ from shared.storeclient import StoreClient
 from tests.support.procs import ServiceProcess
 
 DRIVER = "dra.net"
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
 POOL = "node-1"
 
 
@@ -121,6 +128,9 @@ def netns_name(path: str) -> str:
 
 
 def link(netns: str | None, name: str) -> dict[str, Any] | None:
+    """The link ``name`` (None if absent, or if the netns itself is gone)."""
+    if netns and netns.startswith("/") and not os.path.exists(netns):
+        return None
     for entry in ip_json(netns, "link", "show"):
         if entry.get("ifname") == name:
             return dict(entry)
@@ -148,13 +158,52 @@ def neighbors(netns: str, name: str) -> list[dict[str, Any]]:
     return list(ip_json(netns, "neigh", "show", "dev", name))
 
 
-def ping(netns: str, address: str, count: int = 2) -> bool:
-    res = subprocess.run(
-        ["ip", "netns", "exec", netns_name(netns), "ping", "-c", str(count), "-i", "0.2", "-W", "2", address],
-        capture_output=True,
-        text=True,
-    )
-    return res.returncode == 0
+def _checksum(data: bytes) -> int:
+    if len(data) % 2:
+        data += b"\0"
+    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    total = (total >> 16) + (total & 0xFFFF)
+    total += total >> 16
+    return ~total & 0xFFFF
+
+
+def _ping_in_netns(netns: str, address: str, count: int, timeout_s: float) -> int:
+    """ICMP echo from inside ``netns`` (this thread enters it); how many replies came.
+    The machine has no ping(8); a raw ICMP socket does the same."""
+    fd = os.open(netns, os.O_RDONLY)
+    try:
+        if _libc.setns(fd, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns {netns}")
+    finally:
+        os.close(fd)
+    ident = secrets.randbits(16)
+    replies = 0
+    with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP) as s:
+        s.settimeout(timeout_s)
+        for seq in range(count):
+            body = struct.pack("!HH", ident, seq) + b"dranet-attach-test"
+            header = struct.pack("!BBH", 8, 0, 0)
+            packet = struct.pack("!BBH", 8, 0, _checksum(header + body)) + body
+            s.sendto(packet, (address, 0))
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                try:
+                    data, peer = s.recvfrom(2048)
+                except TimeoutError:
+                    break
+                ihl = (data[0] & 0x0F) * 4
+                kind, _, _, rid, rseq = struct.unpack("!BBHHH", data[ihl : ihl + 8])
+                if peer[0] == address and kind == 0 and (rid, rseq) == (ident, seq):
+                    replies += 1
+                    break
+    return replies
+
+
+def ping(netns: str, address: str, count: int = 2, timeout_s: float = 2.0) -> bool:
+    """True when ``address`` answers every ICMP echo sent from ``netns``."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        # A fresh thread: setns() changes the calling thread for good.
+        return pool.submit(_ping_in_netns, netns, address, count, timeout_s).result() == count
 
 
 def mac_of(netns: str | None, name: str) -> str:
@@ -179,6 +228,10 @@ class VethNic:
     @property
     def peer_ip(self) -> str:
         return self.peer_cidr.split("/")[0]
+
+    def address(self, host: int) -> str:
+        """An address on the NIC's /24 (the peer is .1)."""
+        return f"{self.peer_ip.rsplit('.', 1)[0]}.{host}/24"
 
     def on_host(self) -> bool:
         return Path(f"/sys/class/net/{self.name}").exists()
@@ -230,14 +283,14 @@ def nics() -> Iterator[NicFactory]:
 
 
 @dataclass(frozen=True)
-class TestPod:
+class PodId:
     name: str
     uid: str
     namespace: str = "attach-test"
 
     @staticmethod
-    def new(name: str) -> TestPod:
-        return TestPod(name=name, uid=str(uuid.uuid4()))
+    def new(name: str) -> PodId:
+        return PodId(name=name, uid=str(uuid.uuid4()))
 
     def sandbox(self, **kw: Any) -> SandboxConfig:
         return SandboxConfig(name=self.name, uid=self.uid, namespace=self.namespace, **kw)
@@ -247,7 +300,7 @@ class TestPod:
 
 
 def device_config(
-    pod: TestPod,
+    pod: PodId,
     nic: VethNic,
     config: NetworkConfig,
     device: str | None = None,
@@ -272,7 +325,7 @@ def device_config(
     )
 
 
-async def run_pod(cri: CriClient, ctrd: Containerd, pod: TestPod, **kw: Any) -> tuple[str, str]:
+async def run_pod(cri: CriClient, ctrd: Containerd, pod: PodId, **kw: Any) -> tuple[str, str]:
     """RunPodSandbox through CRI; (sandbox id, netns path)."""
     sid = await cri.run_pod_sandbox(pod.sandbox(**kw))
     netns = (await cri.pod_sandbox_status(sid)).netns_path
