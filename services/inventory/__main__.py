@@ -252,6 +252,8 @@ async def run(args: argparse.Namespace, device_filter: DeviceFilter | None, stop
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    # As Kubernetes' nodeutil.GetHostname: node names are lower case.
+    args.node_name = args.node_name.strip().lower()
     if not args.node_name:
         print("dranet-inventory: --node-name is empty and there is no hostname", file=sys.stderr)
         raise SystemExit(2)

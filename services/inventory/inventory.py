@@ -230,6 +230,10 @@ class Inventory:
 
     # --- loop ------------------------------------------------------------------------------------
 
+    @property
+    def scanning(self) -> bool:
+        return self._scan_lock.locked()
+
     def request_rescan(self) -> None:
         """Scan again soon (still paced by the rate limiter)."""
         self._wake.set()

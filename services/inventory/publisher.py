@@ -175,8 +175,9 @@ class Publisher:
 
     @property
     def healthy(self) -> bool:
-        """True once the latest device list is on the API server."""
-        return self._desired is not None and self._synced_version == self._version
+        """True when the latest device list is on the API server (or there has been
+        nothing to publish yet: dranet publishes nothing before the first device)."""
+        return self._synced_version == self._version
 
     async def wait_synced(self, within: float) -> bool:
         """Wait until the device list given so far is published; False on timeout."""

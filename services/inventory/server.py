@@ -183,7 +183,8 @@ class InventoryServicer(pb_grpc.InventoryServicer):
 
     async def Rescan(self, request: pb.RescanRequest, context: grpc.aio.ServicerContext) -> pb.RescanResponse:
         if request.wait:
-            before = self.inventory.scans
+            # A scan already running may have read the host before this request.
+            before = self.inventory.scans + (1 if self.inventory.scanning else 0)
             self.inventory.request_rescan()
             if not await self.inventory.wait_scan_after(before, within=30):
                 await self._abort(context, grpc.StatusCode.DEADLINE_EXCEEDED, "rescan did not finish in 30s")
