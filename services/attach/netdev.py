@@ -129,36 +129,6 @@ class AttachOutcome:
     def ok(self) -> bool:
         return not self.error
 
-    def to_proto(
-        self, config: store_pb2.DeviceConfig | None = None, now_ns: int | None = None
-    ) -> store_pb2.AttachResult:
-        """The store record. ``config`` supplies claim, pool and driver."""
-        now_ns = now_ns if now_ns is not None else time.time_ns()
-        res = store_pb2.AttachResult(
-            pod_uid=self.pod_uid,
-            device=self.device,
-            interface_name=self.interface_name,
-            ips=list(self.ips),
-            hardware_address=self.hardware_address,
-            attached=self.attached,
-            error=self.error,
-            updated_unix_nano=now_ns,
-            host_ifname=self.host_ifname,
-        )
-        for c in self.conditions:
-            res.conditions.add(
-                type=c.type,
-                status=c.status,
-                reason=c.reason,
-                message=c.message,
-                last_transition_unix=now_ns // 10**9,
-            )
-        if config is not None:
-            res.claim.CopyFrom(config.claim)
-            res.pool = config.pool
-            res.driver = config.driver
-        return res
-
 
 @dataclass(frozen=True)
 class ReturnOutcome:
@@ -790,7 +760,8 @@ class NetdevEngine:
                 done.append(i)
                 if res.undo is not None:
                     extra[i] = res.undo
-            applied.append(ps.action.describe() + ("" if res.changed else " (already so)"))
+            text = ps.action.describe() + ("" if res.changed else " (already so)")
+            applied.append(text + (f": {', '.join(res.notes)}" if res.notes else ""))
         mac, ifindex = plan.mac, 0
         if plan.kind != DeviceKind.RDMA_ONLY:
             try:

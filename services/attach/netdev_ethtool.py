@@ -127,12 +127,3 @@ def set_private_flags(ifname: str, wanted: Mapping[str, bool]) -> dict[str, bool
         return {n: v for n, v in before.items() if v != wanted[n]}
     finally:
         io.close()
-
-
-def get_features(ifname: str) -> dict[str, bool]:
-    io = IoctlEthtool(ifname)
-    try:
-        feats = io.get_features()
-        return {n: bool(feats.is_active(n)) for n in feats.keys()}
-    finally:
-        io.close()

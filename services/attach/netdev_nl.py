@@ -105,10 +105,8 @@ TCA_CHAIN = 11
 RDMA_NL_NLDEV = 5
 RDMA_NLDEV_CMD_GET = 1
 RDMA_NLDEV_CMD_SET = 2
-RDMA_NLDEV_CMD_SYS_GET = 6
 RDMA_NLDEV_ATTR_DEV_INDEX = 1
 RDMA_NLDEV_ATTR_DEV_NAME = 2
-RDMA_NLDEV_SYS_ATTR_NETNS_MODE = 66
 RDMA_NLDEV_NET_NS_FD = 68
 
 IPVLAN_MODES = {"l2": 0, "l3": 1, "l3s": 2}
@@ -519,11 +517,3 @@ class NlSocket:
     def rdma_set_netns(self, index: int, netns_fd: int) -> None:
         body = attr_u32(RDMA_NLDEV_ATTR_DEV_INDEX, index) + attr_u32(RDMA_NLDEV_NET_NS_FD, netns_fd)
         self.request(rdma_type(RDMA_NLDEV_CMD_SET), 0, body)
-
-    def rdma_netns_mode(self) -> int:
-        """ib_core netns_mode: 1 shared, 0 exclusive."""
-        for m in self.request(rdma_type(RDMA_NLDEV_CMD_SYS_GET), 0, b""):
-            mode = parse_attrs(m.body).get(RDMA_NLDEV_SYS_ATTR_NETNS_MODE)
-            if mode:
-                return mode[0]
-        raise NetlinkError(errno.ENODATA, "no netns mode in RDMA_NLDEV_CMD_SYS_GET reply")

@@ -1,5 +1,6 @@
-"""RDMA for attach: the node's RDMA netns mode, moving an RDMA link device between
-netns (exclusive mode), and checking the device files CreateContainer adds.
+"""RDMA for attach: moving an RDMA link device between netns (exclusive mode; the
+node's mode comes with each DeviceConfig), and checking the device files
+CreateContainer adds.
 
 The RDMA netlink part is untested on a real kernel here: this machine's kernel has no
 RDMA netlink (socket(AF_NETLINK, .., NETLINK_RDMA) fails with EPROTONOSUPPORT). The
@@ -15,19 +16,6 @@ from dataclasses import dataclass, replace
 
 from services.attach.netdev_nl import NETLINK_RDMA, NetlinkError, NlSocket
 from shared.attachplan import DeviceNode
-
-SHARED = "shared"
-EXCLUSIVE = "exclusive"
-
-
-def read_netns_mode() -> str:
-    """The node's RDMA netns mode ("shared" or "exclusive"), as ``rdma system show``
-    reads it. Anything unreadable counts as shared, as in dranet."""
-    try:
-        with NlSocket(NETLINK_RDMA) as sock:
-            return SHARED if sock.rdma_netns_mode() else EXCLUSIVE
-    except OSError:
-        return SHARED
 
 
 def rdma_socket() -> NlSocket:

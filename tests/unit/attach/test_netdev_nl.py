@@ -222,14 +222,7 @@ def test_child_link_is_created_in_the_target_netns_on_its_host_parent() -> None:
 def test_rdma_messages() -> None:
     dev = nl.attr_u32(nl.RDMA_NLDEV_ATTR_DEV_INDEX, 3) + nl.attr_str(nl.RDMA_NLDEV_ATTR_DEV_NAME, "mlx5_0")
     done = msg(nl.NLMSG_DONE, struct.pack("=i", 0), 1, nl.NLM_F_MULTI)
-    sys_reply = msg(
-        nl.rdma_type(nl.RDMA_NLDEV_CMD_SYS_GET), nl.attr_u8(nl.RDMA_NLDEV_SYS_ATTR_NETNS_MODE, 0), 3
-    )
-    s, fake = fake_socket(
-        [msg(nl.rdma_type(nl.RDMA_NLDEV_CMD_GET), dev, 1, nl.NLM_F_MULTI), done],
-        [ack(2)],
-        [sys_reply, ack(3)],
-    )
+    s, fake = fake_socket([msg(nl.rdma_type(nl.RDMA_NLDEV_CMD_GET), dev, 1, nl.NLM_F_MULTI), done], [ack(2)])
     assert s.rdma_devices() == {"mlx5_0": 3}
     t, f, body = sent_message(fake.sent[0])
     assert t == (5 << 10) + 1 == 5121 and f & nl.NLM_F_DUMP == nl.NLM_F_DUMP and body == b""
@@ -237,7 +230,6 @@ def test_rdma_messages() -> None:
     t, _f, body = sent_message(fake.sent[1])
     assert t == 5122
     assert nl.parse_attrs(body) == {1: struct.pack("=I", 3), 68: struct.pack("=I", 11)}
-    assert s.rdma_netns_mode() == 0  # exclusive
 
 
 def test_tc_filter_listing_and_delete() -> None:
