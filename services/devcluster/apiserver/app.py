@@ -573,26 +573,29 @@ class ApiApp:
                 yield encode(kind, obj)
             if initial_events_end:
                 yield bookmark({"k8s.io/initial-events-end": "true"})
+            # Bookmarks (cacheWatcher.nextBookmarkTime): every `interval`, and once 2 s before the
+            # deadline; only while the watcher is caught up (its queue empty).
             next_bookmark = loop.time() + interval
             pre_timeout = deadline - 2.0
+            pre_timeout_done = pre_timeout <= loop.time()
             while True:
                 now = loop.time()
                 if now >= deadline:
                     return
-                wake = deadline
-                if bookmarks:
-                    target = min(next_bookmark, pre_timeout) if pre_timeout > now else next_bookmark
-                    wake = min(wake, target)
-                try:
-                    item = await asyncio.wait_for(w.queue.get(), max(0.0, wake - now))
-                except TimeoutError:
-                    now = loop.time()
-                    if bookmarks and now < deadline and w.queue.empty():
+                if w.queue.empty():
+                    due = next_bookmark if pre_timeout_done else min(next_bookmark, pre_timeout)
+                    if bookmarks and now >= due:
                         yield bookmark()
                         next_bookmark = now + interval
-                        if pre_timeout <= now:
-                            pre_timeout = float("-inf")
-                    continue
+                        pre_timeout_done = pre_timeout_done or now >= pre_timeout
+                        continue
+                    wake = min(deadline, due) if bookmarks else deadline
+                    try:
+                        item = await asyncio.wait_for(w.queue.get(), max(0.001, wake - now))
+                    except TimeoutError:
+                        continue
+                else:
+                    item = w.queue.get_nowait()
                 if item is None:
                     return
                 kind, ev = item

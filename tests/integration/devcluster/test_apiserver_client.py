@@ -367,3 +367,35 @@ async def test_watch_with_initial_events_ends_them_with_a_bookmark(kube: client.
                 break
             seen.append((ev["type"], ev["object"].metadata.name))
     assert seen == [("ADDED", "a"), ("ADDED", "b"), ("BOOKMARK", {"k8s.io/initial-events-end": "true"})]
+
+
+@pytest.mark.parametrize("api_server", [{"bookmark_interval": 0.2}], indirect=True)
+async def test_periodic_bookmarks_interleave_with_events(
+    kube: client.ApiClient, api_server: ApiServer
+) -> None:
+    r = client.ResourceV1Api(kube)
+    lst = await r.list_resource_slice()
+
+    async def writer() -> None:
+        for i in range(20):
+            await r.create_resource_slice(slice_body(f"s{i}", "node1"))
+            await asyncio.sleep(0.05)
+
+    task = asyncio.create_task(writer())
+    added, bookmarks = [], 0
+    async with watch.Watch() as w:
+        async for ev in w.stream(
+            r.list_resource_slice,
+            resource_version=lst.metadata.resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=10,
+        ):
+            if ev["type"] == "BOOKMARK":
+                bookmarks += 1
+            else:
+                added.append(ev["object"].metadata.name)
+            if len(added) == 20 and bookmarks >= 2:
+                break
+    await task
+    assert added == [f"s{i}" for i in range(20)]
+    assert bookmarks >= 2
