@@ -474,7 +474,7 @@ class ApiApp:
                 if q.get("resourceVersionMatch") != "NotOlderThan" or not bookmarks:
                     raise errors.invalid_object(
                         "ListOptions",
-                        "",
+                        "meta.k8s.io",
                         "",
                         [
                             errors.forbidden(

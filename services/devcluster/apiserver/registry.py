@@ -189,6 +189,7 @@ class Registry:
         rv_match: str = "",
     ) -> JSON:
         check_supported(fields, res.strategy.field_labels, res.strategy.field_error)
+        _check_rv_match(resource_version, rv_match)
         ns = namespace if res.namespaced and namespace else None
         start = ""
         if continue_token:
@@ -898,6 +899,43 @@ def _propagation(options: JSON) -> str:
     if options.get("orphanDependents") is True:
         return "Orphan"
     return "Background"
+
+
+def _check_rv_match(resource_version: str, rv_match: str) -> None:
+    """ValidateListOptions' rules for resourceVersionMatch."""
+    if not rv_match:
+        return
+    if rv_match not in ("Exact", "NotOlderThan"):
+        raise errors.invalid_object(
+            "ListOptions",
+            "meta.k8s.io",
+            "",
+            [errors.not_supported("resourceVersionMatch", rv_match, ["Exact", "NotOlderThan", ""])],
+        )
+    if not resource_version:
+        raise errors.invalid_object(
+            "ListOptions",
+            "meta.k8s.io",
+            "",
+            [
+                errors.forbidden(
+                    "resourceVersionMatch",
+                    "resourceVersionMatch is forbidden unless resourceVersion is provided",
+                )
+            ],
+        )
+    if rv_match == "Exact" and resource_version == "0":
+        raise errors.invalid_object(
+            "ListOptions",
+            "meta.k8s.io",
+            "",
+            [
+                errors.forbidden(
+                    "resourceVersionMatch",
+                    'resourceVersionMatch "exact" is forbidden for resourceVersion "0"',
+                )
+            ],
+        )
 
 
 def _parse_rv(value: str) -> int:
