@@ -32,6 +32,7 @@ import pytest
 from proto.dranet.store.v1 import store_pb2
 from services.attach import netdev, netdev_ebpf
 from services.attach.netdev import Location, NetdevEngine
+from services.attach.netdev_nl import NlSocket
 from services.attach.netns import open_netns, setns
 from shared.attachplan import CreateChild, ReturnState
 
@@ -251,6 +252,10 @@ def full_config(nic: Nic) -> dict[str, Any]:
             "forwarding": True,
             "arpIgnore": 1,
             "arpAnnounce": 2,
+            "gsoMaxSize": 32768,
+            "groMaxSize": 32000,
+            "gsoIPv4MaxSize": 31000,
+            "groIPv4MaxSize": 30000,
         },
         "routes": [
             {"destination": nic.routed, "gateway": nic.gw},
@@ -288,6 +293,10 @@ async def test_passthrough_configures_everything_and_returns(nic: Nic, engine: N
     pod = link(nic.pod_ns, "net1")
     assert pod is not None
     assert (pod["mtu"], pod["address"]) == (1400, "02:00:00:00:77:01")
+    assert (pod["gso_max_size"], pod["gro_max_size"]) == (32768, 32000)
+    # iproute2 6.1 does not print the IPv4 sizes; read them with the engine's decoder.
+    seen = in_netns(nic.pod_path, lambda: NlSocket().get_link(name="net1"))
+    assert seen is not None and (seen.gso_ipv4_max_size, seen.gro_ipv4_max_size) == (31000, 30000)
     assert "UP" in pod["flags"] and f"dranet-{nic.host}" in pod["altnames"]
     assert out.ifindex == pod["ifindex"]
     assert addrs(nic.pod_ns, "net1") == {f"198.18.{nic.net}.5/24", f"fd00:dd:{nic.net:x}::5/64"}
@@ -686,3 +695,37 @@ async def test_bad_netns_paths_are_refused_and_never_created(nic: Nic, engine: N
     out = await engine.attach(nic.config({}), "/etc/hostname")
     assert not out.ok and "not a namespace" in out.error
     assert nic.host_ip in addrs(None, nic.host)
+
+
+def rdma_netlink() -> bool:
+    import socket
+
+    try:
+        socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 20).close()
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(("mode", "ok"), [("shared", True), ("exclusive", False)])
+async def test_rdma_only_device(engine: NetdevEngine, mode: str, ok: bool) -> None:
+    ns = f"dn{uuid.uuid4().hex[:5]}pod"
+    sh("ip", "netns", "add", ns)
+    try:
+        cfg = store_pb2.DeviceConfig(device="mlx5-dn0", host_ifname="", rdma_netns_mode=mode)
+        cfg.rdma.link_dev = "mlx5_dn0"
+        out = await engine.attach(cfg, f"/var/run/netns/{ns}")
+        if ok:
+            # Shared mode: nothing moves; the device files are the whole attach.
+            assert out.ok and out.steps == () and out.interface_name == ""
+            assert [(c.type, c.reason) for c in out.conditions] == [("Ready", "RDMAOnlyDeviceReady")]
+            back = await engine.detach(cfg, f"/var/run/netns/{ns}")
+            assert back.ok and back.state == ReturnState.NOTHING
+        else:
+            # Exclusive mode moves the RDMA link: there is no such device (and this
+            # machine's kernel has no RDMA netlink at all).
+            why = "not found in the host or pod netns" if rdma_netlink() else "RDMA netlink is not available"
+            assert not out.ok and why in out.error, out.error
+            assert out.failed_step == "move RDMA device mlx5_dn0 from host netns to pod netns"
+    finally:
+        sh("ip", "netns", "del", ns, check=False)
