@@ -232,9 +232,11 @@ async def test_prepare_failure_is_an_event_and_the_pod_starts_once_it_succeeds(
     await cluster.publish("eth1")
     plugin.prepare_error_all = "eth1 is down"
     pod = await cluster.create_pod("db")
-    events = await eventually(lambda: cluster.events("db"), "a FailedPrepareDynamicResources event")
-    reason, message = events[0]
-    assert reason == "FailedPrepareDynamicResources"
+
+    async def failed_prepare() -> list[str]:
+        return [m for r, m in await cluster.events("db") if r == "FailedPrepareDynamicResources"]
+
+    message = (await eventually(failed_prepare, "a FailedPrepareDynamicResources event"))[0]
     assert (
         message.startswith("NodePrepareResources failed for ResourceClaim default/db-net-")
         and "eth1 is down" in message
