@@ -5,7 +5,6 @@ namespace) and prepare run as real processes."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -372,8 +371,7 @@ async def test_sigkill_between_calls_gives_the_same_result_and_no_second_profile
         first = await node.prepare(claim)
         assert first[uid].error == ""
         (before,) = await configs_of(node, claim)
-        node.procs["prepare"].kill()
-        await asyncio.to_thread(node.procs["prepare"].start)
+        await node.restart_prepare(kill=True)
         again = await node.prepare(claim)
         assert again[uid].error == ""
         assert [(d.device_name, list(d.request_names)) for d in again[uid].devices] == [

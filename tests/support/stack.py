@@ -283,6 +283,26 @@ class NodeStack:
         assert self.plugins is not None
         return await self.plugins.wait_for_plugin(DRIVER, within)
 
+    async def restart_prepare(self, kill: bool = True, within: float = 20.0) -> None:
+        """SIGKILL (or stop) prepare, start it again, and wait until the kubelet's
+        plugin manager registered the new instance (calls on the old one would be
+        cut when it is replaced)."""
+        old = await self.plugin()
+        proc = self.procs["prepare"]
+        if kill:
+            proc.kill()
+        else:
+            proc.stop()
+        await asyncio.to_thread(proc.start)
+        assert self.plugins is not None
+        plugins = self.plugins
+
+        async def replaced() -> bool:
+            current = plugins.get(DRIVER)
+            return current is not None and current is not old
+
+        await wait_for(replaced, within, "prepare registered again")
+
     async def prepare(self, *claims: dict[str, Any]) -> dict[str, Any]:
         plugin = await self.plugin()
         refs = [
