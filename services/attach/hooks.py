@@ -108,6 +108,37 @@ class PodTrack:
         # RunPodSandbox failed for this sandbox: its removal keeps the error on
         # record for the claim status (the kubelet retries with a new sandbox).
         self.failed = False
+        self._netns_fd: int | None = None
+
+    def hold_netns(self) -> None:
+        """Keep a reference to the pod's netns while it holds our devices. The
+        runtime removes the netns path when the sandbox stops, and without another
+        reference the kernel then destroys the netns: a virtual device dies with it,
+        a physical one falls back to the host under its pod-side name. Our reference
+        keeps the netns, and so the device, reachable until we moved it out: after a
+        StopPodSandbox that needed longer than the runtime waits, or one we never
+        got (containerd 1.7 sends none for sandboxes from before its restart)."""
+        if self._netns_fd is None and netns_exists(self.netns):
+            with contextlib.suppress(OSError):
+                self._netns_fd = os.open(self.netns, os.O_RDONLY | os.O_CLOEXEC)
+
+    def release_netns(self) -> None:
+        if self._netns_fd is not None:
+            os.close(self._netns_fd)
+            self._netns_fd = None
+
+    @property
+    def netns_ref(self) -> str:
+        """A path to the pod's netns for the engine: the runtime's, or ours once the
+        runtime removed its own."""
+        if self._netns_fd is not None and not netns_exists(self.netns):
+            return f"/proc/{os.getpid()}/fd/{self._netns_fd}"
+        return self.netns
+
+    @property
+    def orphaned(self) -> bool:
+        """Devices still inside a netns the runtime has already removed."""
+        return bool(self.attached) and self._netns_fd is not None and not netns_exists(self.netns)
 
     @property
     def ref(self) -> str:
@@ -189,6 +220,11 @@ class AttachHooks(NriHandlers):
         if pending:
             log.info("waiting for device work in flight", extra=log_fields(tasks=len(pending)))
             await asyncio.wait(pending, timeout=timeout_s)
+
+    @property
+    def recovering(self) -> bool:
+        """Synchronize's recovery is still moving devices (events wait for it)."""
+        return not self._recovered.is_set()
 
     async def wait_recovered(self, timeout_s: float | None = None) -> RecoveryReport:
         """Until the recovery after the last Synchronize is done."""
@@ -283,9 +319,10 @@ class AttachHooks(NriHandlers):
         Returns how many could not be returned (they stay in ``attached``)."""
         failed = 0
         for device, held in sorted(track.attached.items()):
-            fields = {**self._fields(track, held), "netns": track.netns, "why": why}
+            netns = track.netns_ref
+            fields = {**self._fields(track, held), "netns": netns, "why": why}
             try:
-                state = await self._detach_one(held, track.netns)
+                state = await self._detach_one(held, netns)
             except Exception as exc:
                 failed += 1
                 msg = (
@@ -303,7 +340,14 @@ class AttachHooks(NriHandlers):
                 continue
             log.info(f"device given back to the host ({state})", extra=fields)
             self.writer.put_result(self._returned_result(held.source, note))
+        if not track.attached:
+            track.release_netns()
         return failed
+
+    def _drop(self, uid: str) -> None:
+        track = self.pods.pop(uid, None)
+        if track is not None:
+            track.release_netns()
 
     # -- RunPodSandbox -----------------------------------------------------------------
 
@@ -349,8 +393,9 @@ class AttachHooks(NriHandlers):
                 log.error(msg, extra=self._fields(pod))
                 for cfg in configs:
                     self.writer.put_result(self._failed_result(cfg, msg))
-                held = self.pods.get(uid)
-                if held is None or not held.attached:
+                earlier = self.pods.get(uid)
+                if earlier is None or not earlier.attached:
+                    self._drop(uid)
                     self.pods[uid] = PodTrack.of(pod)
                     self.pods[uid].failed = True
                 raise TtrpcError(Code.UNKNOWN, msg)
@@ -367,12 +412,14 @@ class AttachHooks(NriHandlers):
                         f"its earlier sandbox {track.sandbox_id[:13]}"
                     )
                     raise TtrpcError(Code.UNKNOWN, msg)
+                self._drop(uid)
                 track = None
             if track is None:
                 track = PodTrack.of(pod)
                 self.pods[uid] = track
             track.netns = netns
             track.configs = {c.device: c for c in configs}
+            track.hold_netns()
 
             for cfg in configs:
                 if cfg.device in track.attached:
@@ -408,6 +455,7 @@ class AttachHooks(NriHandlers):
         self.writer.put_result(self._failed_result(cfg, error))
         # All or nothing: the runtime tears this sandbox down and the kubelet retries.
         await self._give_back(track, "RunPodSandbox failed", note=f"rolled back: device {cfg.device} failed")
+        track.release_netns()
         track.failed = True
         raise TtrpcError(Code.UNKNOWN, msg)
 
@@ -522,13 +570,38 @@ class AttachHooks(NriHandlers):
                     await self._give_back(track, "pod removed")
                 if track.attached:
                     return  # keep the books: the runtime's retry finds them again
-            self.pods.pop(pod.uid, None)
+            self._drop(pod.uid)
             if track is not None and track.failed:
                 # Keep why it failed for the claim status; the next attach overwrites
                 # it, or it goes when prepare removes the pod's configs (collect_garbage).
                 return
             if stored is not None:
                 self.writer.clear(pod.uid)
+
+    # -- sandboxes that went away without a StopPodSandbox ----------------------------
+
+    async def watch_netns(self, interval_s: float = 1.0) -> None:
+        """Gives back the devices of pods whose netns the runtime removed without a
+        StopPodSandbox reaching us; runs until cancelled."""
+        while True:
+            await asyncio.sleep(interval_s)
+            for uid, track in list(self.pods.items()):
+                if track.orphaned:
+                    await self._missed_stop(uid, track.sandbox_id)
+
+    async def _missed_stop(self, uid: str, sandbox_id: str) -> None:
+        async with self._locks.hold(uid):
+            track = self.pods.get(uid)
+            if track is None or track.sandbox_id != sandbox_id or not track.orphaned:
+                return
+            log.warning(
+                "the pod's netns was removed without a StopPodSandbox reaching dra.net (did the runtime "
+                "restart since the pod started?); giving its devices back through our reference to the netns",
+                extra={**self._fields(track), "netns": track.netns},
+            )
+            await self._give_back(track, "netns removed without StopPodSandbox")
+            if not track.attached:
+                self._drop(uid)
 
     # -- attach state of pods no longer prepared -------------------------------------
 
@@ -563,7 +636,7 @@ class AttachHooks(NriHandlers):
             state = await self.store.get_pod(uid)
             if state.devices or not (state.results or state.activity.last_nri_activity_unix_nano):
                 return
-            self.pods.pop(uid, None)
+            self._drop(uid)
             log.info("pod no longer prepared: clearing its attach state", extra=log_fields(pod_uid=uid))
             self.writer.clear(uid)
 
@@ -663,11 +736,17 @@ class AttachHooks(NriHandlers):
     ) -> None:
         netns = pod_netns(pod)
         track = self.pods.get(pod.uid)
-        if track is None or track.sandbox_id != pod.id:
+        if track is not None and track.sandbox_id != pod.id:
+            if track.attached:
+                await self._give_back(track, f"the pod's live sandbox is {pod.id[:13]}")
+            self._drop(pod.uid)
+            track = None
+        if track is None:
             track = PodTrack.of(pod)
             self.pods[pod.uid] = track
         track.netns = netns
         track.configs = {c.device: c for c in configs}
+        track.hold_netns()
         lost: set[str] = set()
         for d, r in sorted(results.items()):
             if not r.attached or r.error or d in track.attached:
@@ -739,8 +818,10 @@ class AttachHooks(NriHandlers):
             # RunPodSandbox ran for this pod: a device may be out without a record.
             for d, c in by_device.items():
                 suspects.setdefault(d, Held(c))
-        netns = track.netns if track is not None else ""
+        # Our reference keeps a removed netns, and the devices in it, reachable.
+        netns = track.netns_ref if track is not None else ""
         pod = track.ref if track is not None else pod_name(configs, uid)
+        failed = False
         for device, held in sorted(suspects.items()):
             fields = log_fields(pod=pod, pod_uid=uid, device=device, ifname=held.host_ifname)
             try:
@@ -748,12 +829,20 @@ class AttachHooks(NriHandlers):
             except Exception as exc:
                 log.error("could not give back a device of a gone pod", extra={**fields, "error": str(exc)})
                 report.counts["return_failed"] += 1
+                failed = True
                 continue
+            if track is not None:
+                track.attached.pop(device, None)
             if state == ReturnState.GONE:
                 self._lost(report, uid, held, pod, netns or "its netns", live=False)
             else:
                 log.info(f"device of a gone pod is on the host ({state})", extra=fields)
                 report.counts["returned"] += 1
+        if failed and track is not None:
+            self.pods[uid] = track  # keep the books (and the netns): the next recovery retries
+            return
+        if track is not None:
+            track.release_netns()
         self.writer.clear(uid)
         report.counts["cleared"] += 1
 

@@ -105,7 +105,7 @@ class AttachService:
         )
         self.admin = UdsServer(admin_socket).add(AdminServicer("attach", self.health).register)
         self._stub_task: asyncio.Task[None] | None = None
-        self._gc_task: asyncio.Task[None] | None = None
+        self._background: list[asyncio.Task[None]] = []
         self.draining = False
 
     async def _on_connected(self, info: RuntimeInfo) -> None:
@@ -115,15 +115,17 @@ class AttachService:
         self.liveness.set(connected=False)
 
     def health(self) -> tuple[bool, str]:
-        """Ready while the runtime can call our hooks."""
+        """Ready while the runtime can call our hooks and no recovery is running."""
         parts = []
         info = self.stub.runtime
-        ready = info is not None
+        ready = info is not None and not self.hooks.recovering
         parts.append(
             f"connected to {info.name} {info.version}"
             if info
             else f"not connected to NRI at {self.stub.config.socket_path}"
         )
+        if self.hooks.recovering:
+            parts.append("recovering devices after Synchronize")
         if not self.liveness.stream_open:
             parts.append("liveness not reported to the store")
         if self.draining:
@@ -139,7 +141,10 @@ class AttachService:
         await self.admin.start()
         self.writer.start()
         self.liveness.start()
-        self._gc_task = asyncio.create_task(self.hooks.collect_garbage(), name="attach-state-gc")
+        self._background = [
+            asyncio.create_task(self.hooks.collect_garbage(), name="attach-state-gc"),
+            asyncio.create_task(self.hooks.watch_netns(), name="netns-watch"),
+        ]
         self._stub_task = asyncio.create_task(self.stub.run(), name="nri")
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -170,10 +175,10 @@ class AttachService:
                 await asyncio.wait_for(self._stub_task, 10)
             self._stub_task = None
         await self.hooks.close()
-        if self._gc_task is not None:
-            self._gc_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._gc_task
+        for task in self._background:
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        self._background = []
         await self.liveness.close()
         await self.writer.close()
         await self.admin.stop(grace=0)

@@ -10,6 +10,7 @@ real netns in test_attach_containerd.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 from collections.abc import AsyncIterator, Sequence
@@ -25,9 +26,18 @@ from services.attach.nri.ttrpc import TtrpcError
 from services.attach.writer import StoreWriter
 from shared.attachplan import container_devices
 from shared.storeclient import StoreClient
+from tests.integration.attach.attach_env import wait_for
 from tests.support.procs import ServiceProcess
 
 HOST = "host"
+
+
+def resolve(netns: str) -> str:
+    """The hooks reach a netns the runtime removed through their own fd
+    (/proc/<pid>/fd/<n>); here that is the file the "netns" was."""
+    if netns.startswith("/proc/"):
+        return os.readlink(netns).removesuffix(" (deleted)")
+    return netns
 
 
 class Ledger:
@@ -59,6 +69,7 @@ class Ledger:
         )
 
     async def detach(self, what: st.DeviceConfig | st.AttachResult, netns: str, mac: str = "") -> ReturnState:
+        netns = resolve(netns)
         self.calls.append(("detach", what.device, netns))
         if what.device in self.fail_detach:
             raise DetachFailed(f"device {what.device}: busy")
@@ -67,6 +78,9 @@ class Ledger:
             return ReturnState.GONE
         if here == HOST:
             return ReturnState.ALREADY_ON_HOST
+        if here == netns:
+            self.where[what.device] = HOST
+            return ReturnState.RETURNED
         if not netns_exists(here):
             self.where[what.device] = HOST  # its netns died: the kernel gave it back
             return ReturnState.RECLAIMED
@@ -394,3 +408,29 @@ async def test_hooks_wait_for_recovery_to_finish(world: World) -> None:
     await world.prepare("b", "d2")
     await world.hooks.run_pod_sandbox(world.pod("b", world.netns()))
     assert [c[:2] for c in world.engine.calls] == [("attach", "d1"), ("attach", "d2")]
+
+
+async def test_a_failed_sandbox_keeps_its_error_until_prepare_lets_the_pod_go(world: World) -> None:
+    await world.prepare("p8", "eth1")
+    world.engine.fail_attach["eth1"] = "no such device"
+    pod = world.pod("p8", world.netns())
+    with pytest.raises(TtrpcError):
+        await world.hooks.run_pod_sandbox(pod)
+    # containerd stops and removes the failed sandbox right away.
+    await world.hooks.stop_pod_sandbox(pod)
+    await world.hooks.remove_pod_sandbox(pod)
+    assert "no such device" in (await world.results("p8"))["eth1"].error
+    gc = asyncio.create_task(world.hooks.collect_garbage())
+    try:
+        await asyncio.sleep(0.2)  # the watch is open
+        await world.store.delete_claim("c-eth1")  # NodeUnprepare
+
+        async def cleared() -> bool:
+            state = await world.store.get_pod("p8")
+            return not state.results and not state.activity.revision
+
+        await wait_for(cleared, 10, "attach state of p8 cleared")
+    finally:
+        gc.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await gc
