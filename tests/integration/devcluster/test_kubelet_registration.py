@@ -27,8 +27,15 @@ CLAIM = ClaimRef(namespace="default", uid="uid-c1", name="c1")
 
 
 @pytest.fixture
-async def manager(kubelet_root: Path) -> AsyncIterator[PluginManager]:
-    m = PluginManager(kubelet_root / "plugins_registry", health_interval=0.2, health_dial_timeout=0.5)
+async def manager(kubelet_root: Path, request: pytest.FixtureRequest) -> AsyncIterator[PluginManager]:
+    """The plugin manager; probing every 0.2 s when parametrized with ``{"fast_probes": True}``, else
+    at the kubelet's 10 s (so a slow machine cannot fail probes in tests about something else)."""
+    fast = bool((getattr(request, "param", None) or {}).get("fast_probes"))
+    m = PluginManager(
+        kubelet_root / "plugins_registry",
+        health_interval=0.2 if fast else 10.0,
+        health_dial_timeout=2.0 if fast else 20.0,
+    )
     await m.start()
     try:
         yield m
@@ -132,6 +139,7 @@ async def test_replaced_socket_registers_again(manager: PluginManager, fake_dra_
     assert plugin.statuses == [(True, ""), (True, "")]
 
 
+@pytest.mark.parametrize("manager", [{"fast_probes": True}], indirect=True)
 async def test_health_probe_deregisters_after_two_failures_and_re_registers(
     manager: PluginManager, fake_dra_plugin: MakePlugin
 ) -> None:
