@@ -514,6 +514,7 @@ class Containerd:
             if not self._image_imported:
                 self._import_pause_image(t0 + timeout)
                 self._image_imported = True
+            self._wait_image(t0 + timeout)
         except BaseException:
             self._terminate()
             raise
@@ -580,6 +581,22 @@ class Containerd:
         )
         if res.returncode != 0:
             raise self._fail(f"importing {self.cache.pause_tar} failed: {res.stderr.strip()}")
+
+    def _wait_image(self, deadline: float) -> None:
+        """Until CRI knows the pause image: its image store learns of an import from an event,
+        after ``ctr import`` has returned, and RunPodSandbox would try to pull what it misses."""
+        pb, pb_grpc = cri.stubs(self.cache)
+        with grpc.insecure_channel(f"unix:{self.grpc_socket}") as ch:
+            stub = pb_grpc.ImageServiceStub(ch)
+            while True:
+                resp = stub.ImageStatus(
+                    pb.ImageStatusRequest(image=pb.ImageSpec(image=PAUSE_IMAGE)), timeout=5
+                )
+                if resp.image.id:
+                    return
+                if time.monotonic() > deadline:
+                    raise self._fail(f"CRI does not list the imported image {PAUSE_IMAGE}")
+                time.sleep(0.01)
 
     def _terminate(self, timeout: float = 5.0) -> None:
         proc = self._proc

@@ -242,7 +242,11 @@ class _SocketState:
 
 
 def _scan(registry: Path) -> dict[str, tuple[int, int]]:
-    """Unix sockets under ``registry`` (recursively) not starting with '.': path -> (inode, ctime)."""
+    """Unix sockets under ``registry`` (recursively) not starting with '.': path -> (inode, mtime).
+
+    A new socket under an old name has a new inode or mtime; a chmod (which the kubelet's
+    fsnotify watcher ignores) changes neither, whereas it would change the ctime.
+    """
     found: dict[str, tuple[int, int]] = {}
     stack = [registry]
     while stack:
@@ -261,7 +265,7 @@ def _scan(registry: Path) -> dict[str, tuple[int, int]]:
             if stat.S_ISDIR(st.st_mode):
                 stack.append(Path(e.path))
             elif stat.S_ISSOCK(st.st_mode):
-                found[e.path] = (st.st_ino, st.st_ctime_ns)
+                found[e.path] = (st.st_ino, st.st_mtime_ns)
     return found
 
 
