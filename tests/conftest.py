@@ -12,6 +12,9 @@ import os
 
 import pytest
 
+# Reusable fixtures for the real container runtime (containerd, CRI, kubelet emulator).
+pytest_plugins = ["tests.fixtures_runtime"]
+
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     needs_root = any(item.iter_markers(name=m) for m in ("root", "netns", "containerd"))
