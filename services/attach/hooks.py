@@ -169,16 +169,11 @@ class _KeyedLocks:
             else:
                 self._locks[key] = (lock, users - 1)
 
-    def __len__(self) -> int:
-        return len(self._locks)
-
 
 @dataclass
 class RecoveryReport:
     """What the last Synchronize recovery decided, for logs, health and tests."""
 
-    generation: int = 0
-    done: bool = False
     counts: Counter[str] = field(default_factory=Counter)
     # (pod uid, device) -> why it is lost
     lost: dict[tuple[str, str], str] = field(default_factory=dict)
@@ -314,17 +309,15 @@ class AttachHooks(NriHandlers):
         async with self._locks.hold("device:" + held.device):
             return await self.engine.detach(held.source, netns, mac=held.mac)
 
-    async def _give_back(self, track: PodTrack, why: str, note: str = "") -> int:
-        """Return every device the sandbox holds to the host; never raises.
-        Returns how many could not be returned (they stay in ``attached``)."""
-        failed = 0
+    async def _give_back(self, track: PodTrack, why: str, note: str = "") -> None:
+        """Return every device the sandbox holds to the host; never raises. A device
+        that could not be returned stays in ``attached`` (and on record as held)."""
         for device, held in sorted(track.attached.items()):
             netns = track.netns_ref
             fields = {**self._fields(track, held), "netns": netns, "why": why}
             try:
                 state = await self._detach_one(held, netns)
             except Exception as exc:
-                failed += 1
                 msg = (
                     f"device {device} ({held.host_ifname}) of pod {track.ref} "
                     f"was not returned to the host: {exc}"
@@ -342,7 +335,6 @@ class AttachHooks(NriHandlers):
             self.writer.put_result(self._returned_result(held.source, note))
         if not track.attached:
             track.release_netns()
-        return failed
 
     def _drop(self, uid: str) -> None:
         track = self.pods.pop(uid, None)
@@ -455,7 +447,6 @@ class AttachHooks(NriHandlers):
         self.writer.put_result(self._failed_result(cfg, error))
         # All or nothing: the runtime tears this sandbox down and the kubelet retries.
         await self._give_back(track, "RunPodSandbox failed", note=f"rolled back: device {cfg.device} failed")
-        track.release_netns()
         track.failed = True
         raise TtrpcError(Code.UNKNOWN, msg)
 
@@ -659,8 +650,7 @@ class AttachHooks(NriHandlers):
                 live[p.uid] = p
         previous = self._recovery
         self._recovered.clear()
-        generation = self.recovery.generation + 1
-        self._recovery = self._spawn(self._recover(live, previous, generation), "recovery")
+        self._recovery = self._spawn(self._recover(live, previous), "recovery")
         log.info(
             "Synchronize: recovering devices",
             extra=log_fields(pods=len(pods), live_pods=len(live), containers=len(containers)),
@@ -678,9 +668,9 @@ class AttachHooks(NriHandlers):
             delay = min(delay * 2, 2.0)
 
     async def _recover(
-        self, live: dict[str, nri_pb2.PodSandbox], previous: asyncio.Task[None] | None, generation: int
+        self, live: dict[str, nri_pb2.PodSandbox], previous: asyncio.Task[None] | None
     ) -> None:
-        report = RecoveryReport(generation=generation)
+        report = RecoveryReport()
         t0 = time.monotonic()
         try:
             if previous is not None and not previous.done():
@@ -709,7 +699,6 @@ class AttachHooks(NriHandlers):
             log.exception("recovery after Synchronize failed")
             report.counts["recovery_failed"] += 1
         finally:
-            report.done = True
             self.recovery = report
             self._recovered.set()
         log.info(

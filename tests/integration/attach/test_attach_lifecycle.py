@@ -192,8 +192,13 @@ async def test_restart_recovers_pods_started_and_removed_while_attach_was_down(w
     assert in_pod(ns_run, nic_run)
     assert in_pod(ns_late, nic_late) and env.ping(ns_late, nic_late.peer_ip)  # attached late
     assert in_pod(ns_gone, nic_gone)
-    res = env.results_by_device(await world.store.get_pod(late.uid))[nic_late.name]
-    assert res.attached and res.interface_name == "net1"
+
+    async def recorded() -> Any:
+        res = env.results_by_device(await world.store.get_pod(late.uid)).get(nic_late.name)
+        return res if res is not None and res.attached else None
+
+    res = await env.wait_for(recorded, 10, "the late attach on record")
+    assert res.interface_name == "net1" and res.ips == [nic_late.address(2)]
     await env.stop_pod(world.cri, sid_gone)
     assert nic_gone.on_host()
     lines = env.attach_log_lines(world.attach)
@@ -325,7 +330,11 @@ async def test_graceful_stop_drains_serves_prepared_pods_then_leaves(world: Worl
     await asyncio.sleep(0.5)
     _, ns_b = await env.run_pod(world.cri, world.ctrd, pod_b)  # served while draining
     assert in_pod(ns_b, nic_b)
-    t_b = (await world.store.get_pod(pod_b.uid)).activity.last_nri_activity_unix_nano
+
+    async def touched() -> int:
+        return int((await world.store.get_pod(pod_b.uid)).activity.last_nri_activity_unix_nano)
+
+    t_b = await env.wait_for(touched, 5, "pod b's NRI activity on record")
     assert t_b > t_term
 
     await env.wait_liveness(world.store, connected=False, timeout_s=15)
