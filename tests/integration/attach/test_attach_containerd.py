@@ -222,8 +222,12 @@ async def test_second_sandbox_of_a_pod_takes_the_device_and_the_old_ones_removal
     assert env.link(ns1, "net1") is not None and env.link(ns0, "net1") is None
     await env.stop_pod(world.cri, sid0)
     assert env.link(ns1, "net1") is not None and env.ping(ns1, nic.peer_ip)
-    r = await world.result(pod, nic.name)
-    assert r is not None and r.attached
+
+    async def attached() -> bool:
+        r = await world.result(pod, nic.name)
+        return r is not None and r.attached
+
+    await env.wait_for(attached, 10, "the device on record as attached")
     await env.stop_pod(world.cri, sid1)
     assert nic.on_host()
 
