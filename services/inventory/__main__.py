@@ -215,6 +215,7 @@ async def run(args: argparse.Namespace, device_filter: DeviceFilter | None, stop
         )
         if publisher is not None:
             tasks.append(asyncio.create_task(publisher.run(stop), name="publisher"))
+            tasks.append(asyncio.create_task(publisher.watch(stop), name="slice-watch"))
         tasks.append(asyncio.create_task(inventory.run(stop), name="rescan"))
         await server.start()
         log.info(

@@ -111,6 +111,37 @@ class SliceClient:
             if exc.status != 404:
                 raise
 
+    async def list_version(self, node_name: str, driver: str) -> str:
+        """The resourceVersion of a (one-item) list of the node's slices: where a
+        watch starts."""
+        page = await self._call(
+            self.resource.list_resource_slice,
+            field_selector=f"spec.nodeName={node_name},spec.driver={driver}",
+            limit=1,
+        )
+        return str((page.get("metadata") or {}).get("resourceVersion", ""))
+
+    async def watch_slices(self, node_name: str, driver: str, resource_version: str) -> Any:
+        """(type, object) for every change to the node's slices from ``resource_version``;
+        ends when the server ends the watch. ApiError(410) when the version is too old."""
+        from kubernetes_asyncio import watch
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        w = watch.Watch(return_type="object")
+        try:
+            async for ev in w.stream(
+                self.resource.list_resource_slice,
+                field_selector=f"spec.nodeName={node_name},spec.driver={driver}",
+                resource_version=resource_version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=300,
+            ):
+                yield ev["type"], ev["raw_object"]
+        except ApiException as exc:
+            raise ApiError(int(exc.status or 0), str(exc.reason or exc)) from None
+        finally:
+            await w.close()
+
     async def node_uid(self, name: str) -> str:
         node = await self._call(self.core.read_node, name)
         return str((node.get("metadata") or {}).get("uid", ""))
@@ -234,6 +265,62 @@ class Publisher:
                     self._synced.notify_all()
         finally:
             stopper.cancel()
+
+    def _external(self, kind: str, obj: Json) -> bool:
+        """Whether a watch event is a change this publisher did not make."""
+        if kind == "BOOKMARK":
+            return False
+        cache = self._cache
+        if cache is None:
+            return True
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        known = cache.get(name)
+        if kind == "DELETED":
+            return known is not None
+        return known is None or known.resource_version != str(meta.get("resourceVersion", ""))
+
+    async def watch(self, stop: asyncio.Event) -> None:
+        """Watch the node's slices. A change made by someone else (a kubelet wiping
+        the node's slices at its start, an edit, a delete) drops the cache and wakes
+        a sync at once, instead of waiting for the next resync. One of our own
+        writes seen before its answer only costs a re-list with nothing to write."""
+        backoff = self.backoff_initial
+        version = ""
+        while not stop.is_set():
+            try:
+                if not version:
+                    version = await self.client.list_version(self.node_name, self.driver)
+                # A watch the server ends (timeout) resumes from the last version seen.
+                async for kind, obj in self.client.watch_slices(self.node_name, self.driver, version):
+                    backoff = self.backoff_initial
+                    version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                    if self._desired is not None and self._external(kind, obj):
+                        log.info(
+                            "ResourceSlice changed by someone else; re-syncing",
+                            extra={
+                                "node": self.node_name,
+                                "event": kind,
+                                "slice": (obj.get("metadata") or {}).get("name"),
+                            },
+                        )
+                        self._cache = None
+                        self._wake.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the API server went away, or the version expired (410)
+                log.debug(
+                    "slice watch ended; listing again", extra={"node": self.node_name, "error": str(exc)}
+                )
+                # Events may have been missed: re-list before trusting the cache.
+                version = ""
+                self._cache = None
+                self._wake.set()
+                try:
+                    await asyncio.wait_for(stop.wait(), backoff * (0.5 + random.random() / 2))
+                except TimeoutError:
+                    pass
+                backoff = min(backoff * 2, self.backoff_max)
 
     async def sync(self) -> pooling.Plan:
         """One reconciliation against the API server; raises ApiError."""

@@ -173,3 +173,33 @@ async def test_outage_conflict_restart_without_duplicates(
     async with channel(proc.socket) as ch:
         await inventory_pb2_grpc.InventoryStub(ch).Rescan(pb.RescanRequest(wait=True))
     assert cluster.slice_writes == writes
+
+
+async def test_slices_wiped_by_someone_else_come_back_at_once(
+    netns: str, cluster: Cluster, start_inventory: StartInventory
+) -> None:
+    """The kubelet deletes the node's slices when it starts; the inventory sees
+    it on its slice watch and publishes again right away, not at the next
+    resync (one minute here), and with no link change to wake it."""
+    fill(netns)
+    start_inventory(netns, "--kubeconfig", cluster.kubeconfig, "--max-poll-interval", "60s", publish=True)
+    uid = await node_uid(cluster)
+    await wait_for(lambda: ours(cluster) == {"br0", "mv0", "vx0"}, what="first publish")
+    api = client.ResourceV1Api(cluster.client)
+    await api.delete_collection_resource_slice(field_selector=f"spec.nodeName={NODE}", _preload_content=False)
+    took = await wait_for(
+        lambda: ours(cluster) == {"br0", "mv0", "vx0"}, within=10, what="republish after a wipe"
+    )
+    print(f"slices back {took:.2f}s after the wipe")
+    check_pool(cluster, uid)
+    # An edit that drops a device is repaired the same way.
+    (mine,) = [s for s in cluster.slices() if any(d["name"] == "br0" for d in s["spec"]["devices"])]
+    edited = dict(mine)
+    edited["spec"] = {**mine["spec"], "devices": [d for d in mine["spec"]["devices"] if d["name"] != "br0"]}
+    await api.replace_resource_slice(mine["metadata"]["name"], edited)
+    await wait_for(lambda: "br0" in ours(cluster), within=10, what="repair after an edit")
+    check_pool(cluster, uid)
+    # Our own writes do not feed back: once settled, nothing more is written.
+    settled = cluster.slice_writes
+    await asyncio.sleep(2)
+    assert cluster.slice_writes == settled
