@@ -21,12 +21,21 @@ REQUEST_TIMEOUT = 30.0
 
 
 async def _json(resp: Any) -> Any:
-    """The decoded body of a ``_preload_content=False`` response."""
+    """The decoded body of a ``_preload_content=False`` response. The client does
+    not raise for error statuses in that mode, so raise ApiException here."""
     try:
         data = await resp.read() if hasattr(resp, "read") else resp.data
     finally:
         if hasattr(resp, "release"):
             resp.release()
+    status = getattr(resp, "status", 200)
+    if not 200 <= status <= 299:
+        reason = getattr(resp, "reason", "") or ""
+        try:
+            reason = json.loads(data).get("message") or reason
+        except (ValueError, AttributeError):
+            pass
+        raise ApiException(status=status, reason=reason)
     return json.loads(data)
 
 
@@ -78,11 +87,11 @@ class KubeApi:
             resp = await self.resource.read_namespaced_resource_claim(
                 name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
             )
+            claim: dict[str, Any] = await _json(resp)
         except ApiException as e:
             if e.status == 404:
                 return None
             raise
-        claim: dict[str, Any] = await _json(resp)
         return claim
 
     async def patch_pod_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
