@@ -336,6 +336,16 @@ class AttachHooks(NriHandlers):
         if not track.attached:
             track.release_netns()
 
+    def _mark_failed(self, pod: nri_pb2.PodSandbox) -> None:
+        """RunPodSandbox failed before anything moved: remember the sandbox, so its
+        Stop and Remove know it holds nothing without asking the store."""
+        earlier = self.pods.get(pod.uid)
+        if earlier is not None and earlier.attached:
+            return  # an earlier sandbox still holds devices: keep its books
+        self._drop(pod.uid)
+        track = self.pods[pod.uid] = PodTrack.of(pod)
+        track.failed = True
+
     def _drop(self, uid: str) -> None:
         track = self.pods.pop(uid, None)
         if track is not None:
@@ -373,7 +383,11 @@ class AttachHooks(NriHandlers):
         await self._recovered.wait()
         uid = pod.uid
         async with self._locks.hold(uid):
-            state = await self._read_pod(pod, "RunPodSandbox")
+            try:
+                state = await self._read_pod(pod, "RunPodSandbox")
+            except TtrpcError:
+                self._mark_failed(pod)
+                raise
             configs = sorted((d for d in state.devices if not d.provisional), key=lambda d: d.device)
             if not configs:
                 log.debug("RunPodSandbox: no devices for this pod", extra=self._fields(pod))
@@ -385,11 +399,7 @@ class AttachHooks(NriHandlers):
                 log.error(msg, extra=self._fields(pod))
                 for cfg in configs:
                     self.writer.put_result(self._failed_result(cfg, msg))
-                earlier = self.pods.get(uid)
-                if earlier is None or not earlier.attached:
-                    self._drop(uid)
-                    self.pods[uid] = PodTrack.of(pod)
-                    self.pods[uid].failed = True
+                self._mark_failed(pod)
                 raise TtrpcError(Code.UNKNOWN, msg)
 
             track = self.pods.get(uid)
@@ -499,10 +509,12 @@ class AttachHooks(NriHandlers):
             log.exception(f"{what} failed; the pod's stop goes on", extra=self._fields(pod))
 
     async def _track_from_store(self, pod: nri_pb2.PodSandbox) -> PodTrack | None:
-        """A pod we never saw (or forgot): what the store says is in it."""
+        """A pod we never saw (or forgot): what the store says is in it. Within
+        half the stop budget, so the hook still answers in time without the store."""
         try:
-            state = await self.store.get_pod(pod.uid)
-        except StoreCallError as exc:
+            async with asyncio.timeout(self.config.stop_budget_s / 2):
+                state = await self.store.get_pod(pod.uid)
+        except (StoreCallError, TimeoutError) as exc:
             log.error(
                 "cannot read the pod's attach state; its devices stay where they are",
                 extra={**self._fields(pod), "error": str(exc)},
@@ -546,28 +558,25 @@ class AttachHooks(NriHandlers):
                     extra={**self._fields(pod), "sandbox": pod.id[:13], "current": track.sandbox_id[:13]},
                 )
                 return
-            stored = await self._track_from_store(pod)
             if track is None:
-                track = stored
-            elif stored is not None:
-                for device, held in stored.attached.items():
-                    track.attached.setdefault(device, held)
-            if track is not None:
-                if pod_netns(pod):
-                    track.netns = pod_netns(pod)
-                if track.attached:
-                    # The netns may be gone: the engine then makes sure a device
-                    # the kernel gave back is under its host name again.
-                    await self._give_back(track, "pod removed")
+                # A pod we never saw (attach restarted and missed it): ask the store.
+                track = await self._track_from_store(pod)
+                if track is None:
+                    return  # the store is away: collect_garbage clears the records later
+            if pod_netns(pod):
+                track.netns = pod_netns(pod)
+            if track.attached:
+                # The netns may be gone: the engine then makes sure a device the
+                # kernel gave back is under its host name again.
+                await self._give_back(track, "pod removed")
                 if track.attached:
                     return  # keep the books: the runtime's retry finds them again
             self._drop(pod.uid)
-            if track is not None and track.failed:
+            if track.failed:
                 # Keep why it failed for the claim status; the next attach overwrites
                 # it, or it goes when prepare removes the pod's configs (collect_garbage).
                 return
-            if stored is not None:
-                self.writer.clear(pod.uid)
+            self.writer.clear(pod.uid)
 
     # -- sandboxes that went away without a StopPodSandbox ----------------------------
 

@@ -351,3 +351,34 @@ async def test_graceful_stop_drains_serves_prepared_pods_then_leaves(world: Worl
     ]
     assert order[0] == "graceful stop: draining" and order[-1] == "graceful stop: stopping the NRI plugin"
     assert "graceful stop: waiting for prepared pods to finish their NRI hooks" in order
+
+
+async def test_store_outage_fails_new_pods_retryably_and_loses_no_record(world: World) -> None:
+    """With the store down, a running pod still stops cleanly (the hooks know what it
+    holds) and its record is written once the store is back; a new pod cannot start
+    (its configs cannot be read: the runtime fails it and the kubelet retries)."""
+    nic_a, nic_b = world.nics.make(60), world.nics.make(61)
+    pod_a, pod_b = PodId.new("store-a"), PodId.new("store-b")
+    await world.put(pod_a, nic_a, simple_config(nic_a))
+    await world.put(pod_b, nic_b, simple_config(nic_b))
+    sid_a, ns_a = await env.run_pod(world.cri, world.ctrd, pod_a)
+    assert in_pod(ns_a, nic_a)
+
+    world.store_proc.kill()
+    await env.stop_pod(world.cri, sid_a)
+    assert nic_a.on_host()
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await world.cri.run_pod_sandbox(pod_b.sandbox())
+    assert "cannot read its stored configs" in (err.value.details() or "")
+    assert nic_b.on_host()
+
+    world.store_proc.start()
+    await env.wait_liveness(world.store, connected=True)
+
+    async def a_returned() -> bool:
+        state = await world.store.get_pod(pod_a.uid)
+        return not state.results  # the stop's "returned" record, then the remove's clear
+
+    await env.wait_for(a_returned, 15, "pod a's records written after the outage")
+    _, ns_b = await env.run_pod(world.cri, world.ctrd, pod_b)  # the kubelet's retry
+    assert in_pod(ns_b, nic_b)
