@@ -120,18 +120,20 @@ class LivenessReporter:
             self._sent_on_stream = 0
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         delay = self.backoff_initial_s
         while not self._closing.is_set():
             self.streams += 1
+            opened = loop.time()
             try:
                 await self.store.hold_liveness(self._reports())
             except StoreCallError as exc:
+                if loop.time() - opened > 5 * self.backoff_max_s:
+                    delay = self.backoff_initial_s  # it had been up for a while: a fresh outage
                 log.warning(
                     "liveness stream to the store broke; reopening",
                     extra=log_fields(error=str(exc), retry_s=round(delay, 2)),
                 )
-            except asyncio.CancelledError:
-                raise
             else:
                 if self._closing.is_set():
                     return
