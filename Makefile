@@ -6,8 +6,10 @@ setup:
 
 proto: setup
 
+# The four services, the control plane and containerd on this host; a demo Pod
+# gets a NIC once everything is ready. Ctrl-C stops it all. UP_ARGS adds flags.
 up: setup
-	.venv/bin/python -m services.devcluster up
+	.venv/bin/python -m services.devcluster up --demo $(UP_ARGS)
 
 lint: setup
 	.venv/bin/ruff check services shared tests

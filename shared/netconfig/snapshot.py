@@ -5,9 +5,11 @@ interface's global host addresses are copied; the host routes through the
 interface are added, with the rules of their tables (not with a VRF: the VRF
 table does the lookup), and its permanent neighbors. A configured entry wins
 over a host entry with the same key (route destination+table, neighbor
-destination). IPvlan: the parent stays on the host with its addresses and
-routes, so nothing is copied (addresses and routes come only from the config or
-a profile).
+destination). A host route whose preferred source is not one of the Pod's
+addresses (the config set other addresses) keeps no source: the kernel refuses
+a prefsrc the interface does not carry ("Invalid prefsrc address"). IPvlan: the
+parent stays on the host with its addresses and routes, so nothing is copied
+(addresses and routes come only from the config or a profile).
 """
 
 from __future__ import annotations
@@ -43,7 +45,12 @@ def apply_host_snapshot(cfg: NetworkConfig, host: HostSnapshot) -> NetworkConfig
     if not itf.addresses and itf.dhcp is not True and itf.addressing != Addressing.UNNUMBERED:
         itf = replace(itf, addresses=tuple(host.addresses))
     route_keys = {(r.destination, r.table) for r in cfg.routes}
-    routes = list(cfg.routes) + [r for r in host.routes if (r.destination, r.table) not in route_keys]
+    pod_ips = {a.split("/", 1)[0] for a in itf.addresses}
+    routes = list(cfg.routes) + [
+        r if not r.source or r.source in pod_ips else replace(r, source="")
+        for r in host.routes
+        if (r.destination, r.table) not in route_keys
+    ]
     rules = list(cfg.rules)
     if itf.vrf is None:
         tables = {r.table for r in host.routes}

@@ -12,7 +12,7 @@ from shared.netconfig.snapshot import HostSnapshot, apply_host_snapshot
 HOST = HostSnapshot(
     addresses=("192.168.10.5/24", "2001:db8::5/64"),
     routes=(
-        RouteConfig("192.168.10.0/24", scope=253, table=254),
+        RouteConfig("192.168.10.0/24", source="192.168.10.5", scope=253, table=254),
         RouteConfig("10.0.0.0/8", gateway="192.168.10.1", table=100),
     ),
     rules=(
@@ -65,3 +65,11 @@ def test_vrf_takes_no_host_rules() -> None:
 def test_ipvlan_inherits_nothing() -> None:
     raw = {"interface": {"type": "IPVLAN", "addresses": ["10.208.0.25/12"]}}
     assert applied(raw) == parse_network_config(raw).to_dict()  # type: ignore[union-attr]
+
+
+def test_a_host_route_keeps_its_source_only_if_the_pod_has_that_address() -> None:
+    copied = applied({})
+    assert copied["routes"][0]["source"] == "192.168.10.5"
+    other = applied({"interface": {"addresses": ["192.168.10.77/24"]}})
+    assert "source" not in other["routes"][0]
+    assert other["routes"][0]["destination"] == "192.168.10.0/24"
