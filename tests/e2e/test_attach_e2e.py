@@ -10,139 +10,16 @@ as the host netns would on a real node.
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from services.devcluster.containerd import Containerd
-from services.devcluster.cri import CriClient
-from services.devcluster.kubelet import Kubelet
-from services.devcluster.kubelet_api import KubeApi
+from tests.e2e.conftest import ALL_DEVICES, Cluster, on
 from tests.integration.attach import attach_env as env
-from tests.support.procs import ServiceProcess
-from tests.support.stack import NodeStack, sh
+from tests.support.stack import sh
 
 pytestmark = [pytest.mark.root, pytest.mark.netns, pytest.mark.containerd, pytest.mark.slow]
-
-ALL_DEVICES = 'device.driver == "dra.net"'
-
-
-def on(name: str) -> str:
-    return f'device.driver == "dra.net" && device.attributes["dra.net"].ifName == "{name}"'
-
-
-@dataclass
-class Peer:
-    """The far end of a node NIC, in a netns of its own, with an address."""
-
-    netns: str
-    name: str
-    ip: str
-    mac: str
-
-
-@dataclass
-class Cluster:
-    node: NodeStack
-    ctrd: Containerd
-    kubelet: Kubelet
-    attach: ServiceProcess
-
-    def add_nic(self, name: str, subnet: int) -> Peer:
-        peer_link = self.node.add_nic(name)
-        peer_ns = f"{self.node.netns}-p{subnet}"
-        sh("ip", "netns", "add", peer_ns)
-        sh("ip", "link", "set", peer_link, "netns", peer_ns)
-        sh("ip", "-n", peer_ns, "addr", "add", f"10.77.{subnet}.1/24", "dev", peer_link)
-        sh("ip", "-n", peer_ns, "link", "set", peer_link, "up")
-        mac = json.loads(sh("ip", "-j", "-n", peer_ns, "link", "show", peer_link).stdout)[0]["address"]
-        return Peer(peer_ns, peer_link, f"10.77.{subnet}.1", mac)
-
-    def node_link(self, name: str) -> dict[str, Any] | None:
-        res = sh("ip", "-j", "-n", self.node.netns, "link", "show", name, check=False)
-        return json.loads(res.stdout)[0] if res.returncode == 0 else None
-
-    async def claim_status(self, name: str) -> dict[str, Any]:
-        resp = await self.node.resource.read_namespaced_resource_claim(
-            name, "default", _preload_content=False
-        )
-        status: dict[str, Any] = json.loads(await resp.read()).get("status") or {}
-        return status
-
-
-@pytest.fixture
-def ctrd() -> Iterator[Containerd]:
-    c = Containerd()
-    try:
-        c.start()
-        yield c
-    finally:
-        c.close()
-
-
-@pytest.fixture
-async def cluster(ctrd: Containerd) -> AsyncIterator[Cluster]:
-    node = NodeStack(inventory_args=["--filter", ""])
-    kubelet: Kubelet | None = None
-    api: KubeApi | None = None
-    try:
-        await node.start()
-        attach = ServiceProcess(
-            "services.attach",
-            [
-                "--run-dir",
-                str(node.run_dir),
-                "--nri-socket",
-                str(ctrd.nri_socket),
-                "--log-level",
-                "DEBUG",
-                "--drain-quiet",
-                "1",
-                "--drain-poll",
-                "0.2",
-            ],
-            socket=node.run_dir / "attach.sock",
-            log_path=node.workdir / "attach.log",
-            netns=node.netns,
-        )
-        node.procs["attach"] = attach
-        await asyncio.to_thread(attach.start)
-        assert node.store is not None
-        await env.wait_liveness(node.store, connected=True)
-        assert node.api is not None
-        api = await KubeApi.from_kubeconfig(node.api.kubeconfig_path)
-        cri = CriClient(ctrd.grpc_socket)
-        kubelet = Kubelet(
-            node.node_name,
-            node.kubelet_dir,
-            cri,
-            api=api,
-            backoff_initial=0.2,
-            backoff_max=1.0,
-            wipe_slices=False,
-            on_netns=ctrd.note_netns,
-        )
-        await kubelet.start()
-        c = Cluster(node, ctrd, kubelet, attach)
-        yield c
-        # Pods go while attach runs, so the NICs come back to the node.
-        await asyncio.to_thread(ctrd.remove_all_pods)
-    except BaseException:
-        print(node.logs())
-        raise
-    finally:
-        if kubelet is not None:
-            await kubelet.stop()
-            await kubelet.runtime.close()
-        if api is not None:
-            await api.close()
-        await node.stop()
-        for i in range(4):
-            sh("ip", "netns", "del", f"{node.netns}-p{i}", check=False)
 
 
 async def test_pod_gets_its_claimed_nic_configured_and_gives_it_back(cluster: Cluster) -> None:

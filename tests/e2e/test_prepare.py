@@ -445,7 +445,18 @@ async def test_claim_status_follows_attach_results(wh: WebhookNode) -> None:
 
 
 async def manual_claim(node: NodeStack, name: str, pool: str, device: str) -> dict[str, Any]:
-    """A claim allocated by hand (as another node's scheduler decision would be)."""
+    """A claim allocated by hand (as another node's scheduler decision would be),
+    reserved for a real Pod bound to that node (the claim controller drops
+    reservations of Pods that do not exist)."""
+    pod = await node.core.create_namespaced_pod(
+        "default",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"{name}-pod"},
+            "spec": {"nodeName": pool, "containers": [{"name": "c", "image": "local/pause:1"}]},
+        },
+    )
     body = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
@@ -458,7 +469,7 @@ async def manual_claim(node: NodeStack, name: str, pool: str, device: str) -> di
         "allocation": {
             "devices": {"results": [{"request": "nic", "driver": "dra.net", "pool": pool, "device": device}]}
         },
-        "reservedFor": [{"resource": "pods", "name": f"{name}-pod", "uid": f"uid-{name}"}],
+        "reservedFor": [{"resource": "pods", "name": f"{name}-pod", "uid": pod.metadata.uid}],
     }
     resp = await node.resource.replace_namespaced_resource_claim_status(
         name, "default", obj, _preload_content=False
@@ -468,13 +479,7 @@ async def manual_claim(node: NodeStack, name: str, pool: str, device: str) -> di
 
 
 async def release_manual(node: NodeStack, name: str) -> None:
-    from kubernetes_asyncio.client.exceptions import ApiException
-
-    try:
-        await node.resource.delete_namespaced_resource_claim(name, "default")
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
+    await release(node, name)
 
 
 # --- a node on GCE: profiles from the (local) metadata server -----------------------------
