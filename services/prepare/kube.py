@@ -67,14 +67,11 @@ class Kube:
             await self._api.close()
             self._api = None
 
-    async def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The claim as a dict, or None when it does not exist."""
-        what = f"reading claim {namespace}/{name}"
+    async def _raw(self, what: str, call: Any) -> bytes | None:
+        """Await a ``_preload_content=False`` call; its body, or None for 404.
+        Every other failure is a KubeError that says ``what`` was being done."""
         try:
-            resp = await self._resource.read_namespaced_resource_claim(
-                name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S
-            )
-            body = await _checked(resp, what)
+            return await _checked(await call, what)
         except KubeError as exc:
             if exc.status == 404:
                 return None
@@ -82,9 +79,25 @@ class Kube:
         except ApiException as exc:
             if exc.status == 404:
                 return None
-            raise KubeError(exc.status, f"{what}: {exc.status} {exc.reason}") from None
+            detail = (
+                exc.body.decode(errors="replace")
+                if isinstance(exc.body, bytes)
+                else str(exc.body or exc.reason)
+            )
+            raise KubeError(exc.status, f"{what}: {exc.status} {detail}") from None
         except (OSError, TimeoutError) as exc:
             raise KubeError(0, f"{what}: {exc}") from None
+
+    async def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The claim as a dict, or None when it does not exist."""
+        body = await self._raw(
+            f"reading claim {namespace}/{name}",
+            self._resource.read_namespaced_resource_claim(
+                name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S
+            ),
+        )
+        if body is None:
+            return None
         claim: dict[str, Any] = json.loads(body)
         return claim
 
@@ -97,9 +110,9 @@ class Kube:
             "metadata": {"name": name, "namespace": namespace},
             "status": {"devices": devices},
         }
-        what = f"applying status of claim {namespace}/{name}"
-        try:
-            resp = await self._resource.patch_namespaced_resource_claim_status(
+        answer = await self._raw(
+            f"applying status of claim {namespace}/{name}",
+            self._resource.patch_namespaced_resource_claim_status(
                 name,
                 namespace,
                 body,
@@ -108,20 +121,9 @@ class Kube:
                 _content_type="application/apply-patch+yaml",
                 _request_timeout=REQUEST_TIMEOUT_S,
                 _preload_content=False,
-            )
-            await _checked(resp, what)
-        except KubeError as exc:
-            if exc.status == 404:
-                return False
-            raise
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            detail = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else str(exc.body)
-            raise KubeError(exc.status, f"{what}: {exc.status} {detail}") from None
-        except (OSError, TimeoutError) as exc:
-            raise KubeError(0, f"{what}: {exc}") from None
-        return True
+            ),
+        )
+        return answer is not None
 
     async def claim_event(self, claim: dict[str, Any], reason: str, message: str) -> None:
         """A Warning event on the claim; best effort."""

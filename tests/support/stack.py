@@ -65,6 +65,13 @@ async def wait_for(
         await asyncio.sleep(0.05)
 
 
+def claim_refs(claims: Sequence[dict[str, Any]]) -> list[ClaimRef]:
+    return [
+        ClaimRef(namespace=c["metadata"]["namespace"], name=c["metadata"]["name"], uid=c["metadata"]["uid"])
+        for c in claims
+    ]
+
+
 class NodeStack:
     """See the module docstring. ``async with NodeStack(...) as node:``."""
 
@@ -304,24 +311,11 @@ class NodeStack:
         await wait_for(replaced, within, "prepare registered again")
 
     async def prepare(self, *claims: dict[str, Any]) -> dict[str, Any]:
-        plugin = await self.plugin()
-        refs = [
-            ClaimRef(
-                namespace=c["metadata"]["namespace"], name=c["metadata"]["name"], uid=c["metadata"]["uid"]
-            )
-            for c in claims
-        ]
-        return await plugin.node_prepare_resources(refs)
+        """NodePrepareResources for these claim objects, as the kubelet calls it."""
+        return await (await self.plugin()).node_prepare_resources(claim_refs(claims))
 
     async def unprepare(self, *claims: dict[str, Any]) -> dict[str, str]:
-        plugin = await self.plugin()
-        refs = [
-            ClaimRef(
-                namespace=c["metadata"]["namespace"], name=c["metadata"]["name"], uid=c["metadata"]["uid"]
-            )
-            for c in claims
-        ]
-        return await plugin.node_unprepare_resources(refs)
+        return await (await self.plugin()).node_unprepare_resources(claim_refs(claims))
 
     # --- objects ----------------------------------------------------------------------
 
