@@ -11,16 +11,10 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from services.inventory.cloud.base import Attribute, DeviceInfo, Hint
+from services.inventory.cloud.base import Attribute, DeviceInfo, Hint, string_attributes
 from services.inventory.cloud.host import HostFacts
-from services.inventory.cloud.metadata import (
-    DETECT_POLICY,
-    HttpClient,
-    MetadataError,
-    RetryPolicy,
-    TokenDance,
-)
-from services.inventory.cloud.provider import MetadataProvider
+from services.inventory.cloud.metadata import DETECT_POLICY, HttpClient, RetryPolicy, TokenDance, probe_get
+from services.inventory.cloud.provider import HttpMetadataProvider
 from shared.netconfig import NetworkConfig
 
 log = logging.getLogger(__name__)
@@ -44,17 +38,12 @@ class AlibabaState:
 
 async def probe(base_url: str, policy: RetryPolicy = DETECT_POLICY) -> bool:
     """dranet's OnAlibaba: a token, then meta-data/instance-id answers 200."""
-    client = HttpClient("alibaba", base_url, token=TOKEN, policy=policy)
-    try:
-        await client.request("GET", "/latest/meta-data/instance-id")
-        return True
-    except MetadataError:
-        return False
-    finally:
-        await client.close()
+    return await probe_get(
+        HttpClient("alibaba", base_url, token=TOKEN, policy=policy), "/latest/meta-data/instance-id"
+    )
 
 
-class AlibabaProvider(MetadataProvider[AlibabaState]):
+class AlibabaProvider(HttpMetadataProvider[AlibabaState]):
     hint = Hint.ALIBABA
 
     def __init__(
@@ -65,12 +54,10 @@ class AlibabaProvider(MetadataProvider[AlibabaState]):
         policy: RetryPolicy | None = None,
         startup_timeout: float = 10.0,
     ) -> None:
-        super().__init__(startup_timeout=startup_timeout)
-        self.client = HttpClient("alibaba", base_url, token=TOKEN, policy=policy)
+        super().__init__(
+            HttpClient("alibaba", base_url, token=TOKEN, policy=policy), startup_timeout=startup_timeout
+        )
         self.host = host or HostFacts()
-
-    async def close_clients(self) -> None:
-        await self.client.close()
 
     async def fetch(self) -> AlibabaState:
         instance_type = (await self.client.get_text("/latest/meta-data/instance/instance-type")).strip()
@@ -82,9 +69,7 @@ class AlibabaProvider(MetadataProvider[AlibabaState]):
         state = self.state
         if state is None:
             return {}
-        attrs: dict[str, Attribute] = {}
-        if state.instance_type:
-            attrs[ATTR_INSTANCE_TYPE] = Attribute.of_string(state.instance_type)
+        attrs = string_attributes(((ATTR_INSTANCE_TYPE, state.instance_type),))
         if device.pci_address and device.pci_address in state.erdma_pci_addresses:
             attrs[ATTR_ERDMA] = Attribute.of_bool(True)
         return attrs

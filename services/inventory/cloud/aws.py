@@ -23,11 +23,12 @@ from services.inventory.cloud.host import HostFacts
 from services.inventory.cloud.metadata import (
     DETECT_POLICY,
     HttpClient,
-    MetadataError,
+    Response,
     RetryPolicy,
     TokenDance,
+    probe_get,
 )
-from services.inventory.cloud.provider import MetadataProvider
+from services.inventory.cloud.provider import HttpMetadataProvider
 from shared.netconfig import NetworkConfig
 
 log = logging.getLogger(__name__)
@@ -129,16 +130,15 @@ class AwsState:
 async def probe(base_url: str, policy: RetryPolicy = DETECT_POLICY) -> bool:
     """dranet's OnAWS: the identity document can be read through IMDS."""
     client = HttpClient("aws", base_url, token=TOKEN, policy=policy)
-    try:
-        doc = await client.get_json(IDENTITY_DOCUMENT)
+
+    def has_instance_type(resp: Response) -> bool:
+        doc = client.decode_json(resp, "GET", IDENTITY_DOCUMENT)
         return isinstance(doc, dict) and isinstance(doc.get("instanceType"), str)
-    except MetadataError:
-        return False
-    finally:
-        await client.close()
+
+    return await probe_get(client, IDENTITY_DOCUMENT, accept=has_instance_type)
 
 
-class AwsProvider(MetadataProvider[AwsState]):
+class AwsProvider(HttpMetadataProvider[AwsState]):
     hint = Hint.AWS
 
     def __init__(
@@ -150,13 +150,11 @@ class AwsProvider(MetadataProvider[AwsState]):
         startup_timeout: float = 10.0,
         topology_file: str = "",
     ) -> None:
-        super().__init__(startup_timeout=startup_timeout)
-        self.client = HttpClient("aws", base_url, token=TOKEN, policy=policy)
+        super().__init__(
+            HttpClient("aws", base_url, token=TOKEN, policy=policy), startup_timeout=startup_timeout
+        )
         self.host = host or HostFacts()
         self.topology_file = topology_file
-
-    async def close_clients(self) -> None:
-        await self.client.close()
 
     async def fetch(self) -> AwsState:
         doc = await self.client.get_json(IDENTITY_DOCUMENT)

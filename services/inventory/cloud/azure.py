@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from services.inventory.cloud.base import Attribute, DeviceInfo, Hint, ProviderError
+from services.inventory.cloud.base import Attribute, DeviceInfo, Hint, ProviderError, string_attributes
 from services.inventory.cloud.host import HostFacts
-from services.inventory.cloud.metadata import DETECT_POLICY, HttpClient, MetadataError, RetryPolicy
-from services.inventory.cloud.provider import MetadataProvider
+from services.inventory.cloud.metadata import DETECT_POLICY, HttpClient, RetryPolicy, json_str, probe_get
+from services.inventory.cloud.provider import HttpMetadataProvider
 from shared.netconfig import NetworkConfig, RouteConfig, RuleConfig
 
 log = logging.getLogger(__name__)
@@ -66,11 +66,6 @@ class AzureState:
     nics: tuple[AzureNic, ...] = ()
 
 
-def _field(obj: Mapping[str, Any], key: str) -> str:
-    value = obj.get(key)
-    return value if isinstance(value, str) else ""
-
-
 def _obj(obj: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     value = obj.get(key)
     return value if isinstance(value, dict) else {}
@@ -87,30 +82,27 @@ def parse_network(raw: Any) -> tuple[AzureNic, ...]:
         ipv4 = _obj(item, "ipv4")
         ipv6 = _obj(item, "ipv6")
         subnets = tuple(
-            (_field(s, "address"), _field(s, "prefix"))
+            (json_str(s, "address"), json_str(s, "prefix"))
             for s in ipv4.get("subnet") or []
             if isinstance(s, dict)
         )
-        v6 = tuple(_field(a, "privateIpAddress") for a in ipv6.get("ipAddress") or [] if isinstance(a, dict))
-        nics.append(AzureNic(mac=_field(item, "macAddress"), ipv4_subnets=subnets, ipv6_addresses=v6))
+        v6 = tuple(
+            json_str(a, "privateIpAddress") for a in ipv6.get("ipAddress") or [] if isinstance(a, dict)
+        )
+        nics.append(AzureNic(mac=json_str(item, "macAddress"), ipv4_subnets=subnets, ipv6_addresses=v6))
     return tuple(nics)
 
 
 async def probe(base_url: str, policy: RetryPolicy = DETECT_POLICY) -> bool:
     """dranet's OnAzure: /metadata/instance answers 200 to a ``Metadata: true`` request."""
-    client = HttpClient("azure", base_url, headers=_HEADERS, policy=policy)
-    try:
-        await client.request(
-            "GET", "/metadata/instance", params={"api-version": API_VERSION, "format": "text"}
-        )
-        return True
-    except MetadataError:
-        return False
-    finally:
-        await client.close()
+    return await probe_get(
+        HttpClient("azure", base_url, headers=_HEADERS, policy=policy),
+        "/metadata/instance",
+        params={"api-version": API_VERSION, "format": "text"},
+    )
 
 
-class AzureProvider(MetadataProvider[AzureState]):
+class AzureProvider(HttpMetadataProvider[AzureState]):
     hint = Hint.AZURE
 
     def __init__(
@@ -121,12 +113,10 @@ class AzureProvider(MetadataProvider[AzureState]):
         policy: RetryPolicy | None = None,
         startup_timeout: float = 10.0,
     ) -> None:
-        super().__init__(startup_timeout=startup_timeout)
-        self.client = HttpClient("azure", base_url, headers=_HEADERS, policy=policy)
+        super().__init__(
+            HttpClient("azure", base_url, headers=_HEADERS, policy=policy), startup_timeout=startup_timeout
+        )
         self.host = host or HostFacts()
-
-    async def close_clients(self) -> None:
-        await self.client.close()
 
     async def fetch(self) -> AzureState:
         params = {"api-version": API_VERSION, "format": "json"}
@@ -142,10 +132,10 @@ class AzureProvider(MetadataProvider[AzureState]):
             # As dranet: without network metadata the node still gets its attributes.
             log.warning("azure network metadata not available", extra={"error": str(exc)})
         state = AzureState(
-            vm_size=_field(compute, "vmSize"),
-            placement_group_id=_field(compute, "placementGroupId"),
-            interconnect_group_id=_field(compute, "interconnectGroupId"),
-            interconnect_subgroup_id=_field(compute, "interconnectSubgroupId"),
+            vm_size=json_str(compute, "vmSize"),
+            placement_group_id=json_str(compute, "placementGroupId"),
+            interconnect_group_id=json_str(compute, "interconnectGroupId"),
+            interconnect_subgroup_id=json_str(compute, "interconnectSubgroupId"),
             nics=nics,
         )
         log.info(
@@ -162,16 +152,14 @@ class AzureProvider(MetadataProvider[AzureState]):
         state = self.state
         if state is None:
             return {}
-        attrs: dict[str, Attribute] = {}
-        for key, value in (
-            (ATTR_VM_SIZE, state.vm_size),
-            (ATTR_PLACEMENT_GROUP_ID, state.placement_group_id),
-            (ATTR_INTERCONNECT_GROUP_ID, state.interconnect_group_id),
-            (ATTR_INTERCONNECT_SUBGROUP_ID, state.interconnect_subgroup_id),
-        ):
-            if value:
-                attrs[key] = Attribute.of_string(value)
-        return attrs
+        return string_attributes(
+            (
+                (ATTR_VM_SIZE, state.vm_size),
+                (ATTR_PLACEMENT_GROUP_ID, state.placement_group_id),
+                (ATTR_INTERCONNECT_GROUP_ID, state.interconnect_group_id),
+                (ATTR_INTERCONNECT_SUBGROUP_ID, state.interconnect_subgroup_id),
+            )
+        )
 
     async def provider_config(self, device: DeviceInfo) -> NetworkConfig | None:
         state = self.state

@@ -20,7 +20,7 @@ import asyncio
 import enum
 import logging
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -133,6 +133,12 @@ class Attribute:
         if not ok:
             raise ValueError(f"{key} attribute has a value of the wrong type: {value!r}")
         return cls(kind, value)
+
+
+def string_attributes(pairs: Iterable[tuple[str, str]]) -> dict[str, Attribute]:
+    """String attributes for the (name, value) pairs whose value is known: metadata
+    that leaves a field empty publishes no attribute for it."""
+    return {name: Attribute.of_string(value) for name, value in pairs if value}
 
 
 def attribute_problem(name: str, attr: Attribute) -> str | None:

@@ -252,13 +252,17 @@ def build_cloud(
             raise ProviderError("cks: the CKS provider needs the Kubernetes API to read the Node's labels")
         return coreweave.CksProvider(node_labels, node_name, host=host, startup_timeout=timeout)
     if hint is Hint.WEBHOOK:
-        return webhook.WebhookProvider(
-            options.webhook_url,
-            ca_file=options.webhook_ca_file,
-            timeout=options.webhook_timeout,
-            startup_timeout=timeout,
-        )
+        return _webhook_provider(options)
     return None
+
+
+def _webhook_provider(options: CloudOptions) -> webhook.WebhookProvider:
+    return webhook.WebhookProvider(
+        options.webhook_url,
+        ca_file=options.webhook_ca_file,
+        timeout=options.webhook_timeout,
+        startup_timeout=options.startup_timeout,
+    )
 
 
 async def setup_providers(
@@ -302,12 +306,7 @@ async def setup_providers(
         profiles = cloud if isinstance(cloud, ProfileProvider) else None
     elif options.profile_provider is ProfileSource.WEBHOOK:
         if hooked is None:
-            hooked = webhook.WebhookProvider(
-                options.webhook_url,
-                ca_file=options.webhook_ca_file,
-                timeout=options.webhook_timeout,
-                startup_timeout=options.startup_timeout,
-            )
+            hooked = _webhook_provider(options)
             try:
                 await hooked.start()
             except ProviderError:

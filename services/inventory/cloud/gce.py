@@ -24,9 +24,9 @@ from services.inventory.cloud.base import (
     ProviderError,
 )
 from services.inventory.cloud.ipam import IPAMError, IPRange, LeaseStore, range_from_cidr
-from services.inventory.cloud.metadata import DETECT_POLICY, HttpClient, MetadataError, RetryPolicy
+from services.inventory.cloud.metadata import DETECT_POLICY, HttpClient, MetadataError, RetryPolicy, probe_get
 from services.inventory.cloud.pbr import RT_SCOPE_LINK, SOURCE_ROUTING_RULE_PRIORITY, table_for_name
-from services.inventory.cloud.provider import MetadataProvider
+from services.inventory.cloud.provider import HttpMetadataProvider
 from shared.netconfig import InterfaceConfig, InterfaceType, NetworkConfig, RouteConfig, RuleConfig
 
 log = logging.getLogger(__name__)
@@ -186,17 +186,15 @@ def source_routing(nic: GceNic, config: NetworkConfig, allocated: tuple[str, ...
 
 async def probe(base_url: str, policy: RetryPolicy = DETECT_POLICY) -> bool:
     """dranet uses metadata.OnGCE: the metadata IP answers with ``Metadata-Flavor: Google``."""
-    client = HttpClient("gce", base_url, headers=_HEADERS, policy=policy)
-    try:
-        resp = await client.request("GET", "/", ok_statuses=frozenset(range(100, 600)))
-        return resp.headers.get("Metadata-Flavor") == "Google"
-    except MetadataError:
-        return False
-    finally:
-        await client.close()
+    return await probe_get(
+        HttpClient("gce", base_url, headers=_HEADERS, policy=policy),
+        "/",
+        ok_statuses=frozenset(range(100, 600)),
+        accept=lambda resp: resp.headers.get("Metadata-Flavor") == "Google",
+    )
 
 
-class GceProvider(MetadataProvider[GceState], ProfileProvider):
+class GceProvider(HttpMetadataProvider[GceState], ProfileProvider):
     hint = Hint.GCE
 
     def __init__(
@@ -207,16 +205,10 @@ class GceProvider(MetadataProvider[GceState], ProfileProvider):
         startup_timeout: float = 10.0,
         leases: LeaseStore | None = None,
     ) -> None:
-        super().__init__(startup_timeout=startup_timeout)
-        self.client = HttpClient("gce", base_url, headers=_HEADERS, policy=policy)
+        super().__init__(
+            HttpClient("gce", base_url, headers=_HEADERS, policy=policy), startup_timeout=startup_timeout
+        )
         self.leases = leases or LeaseStore()
-
-    @property
-    def name(self) -> str:
-        return "gce"
-
-    async def close_clients(self) -> None:
-        await self.client.close()
 
     async def fetch(self) -> GceState:
         name = (await self.client.get_text(f"{_V1}/instance/name")).strip()

@@ -356,6 +356,31 @@ class HttpClient:
             ) from None
 
 
+def json_str(obj: Mapping[str, Any], key: str) -> str:
+    """``obj[key]`` when it is a string, else "" (metadata documents leave fields out)."""
+    value = obj.get(key)
+    return value if isinstance(value, str) else ""
+
+
+async def probe_get(
+    client: HttpClient,
+    path: str,
+    *,
+    params: Mapping[str, str] | None = None,
+    ok_statuses: frozenset[int] = frozenset({200}),
+    accept: Callable[[Response], bool] | None = None,
+) -> bool:
+    """Cloud detection: whether GET ``path`` answers with a status in ``ok_statuses``
+    (and ``accept`` takes the answer). Any MetadataError means no. Closes ``client``."""
+    try:
+        resp = await client.request("GET", path, params=params, ok_statuses=ok_statuses)
+        return accept is None or accept(resp)
+    except MetadataError:
+        return False
+    finally:
+        await client.close()
+
+
 async def first_true(
     probes: Mapping[str, Callable[[], Coroutine[Any, Any, bool]]], order: list[str], deadline: float
 ) -> str | None:

@@ -36,11 +36,12 @@ from services.inventory.cloud.base import (
     ProfileErrorCode,
     ProfileProvider,
     ProviderError,
+    string_attributes,
 )
 from services.inventory.cloud.host import ARPHRD_ETHER, HostFacts
-from services.inventory.cloud.metadata import DETECT_POLICY, HttpClient, MetadataError, RetryPolicy
+from services.inventory.cloud.metadata import DETECT_POLICY, HttpClient, RetryPolicy, json_str, probe_get
 from services.inventory.cloud.pbr import RT_SCOPE_LINK, SOURCE_ROUTING_RULE_PRIORITY
-from services.inventory.cloud.provider import MetadataProvider, PartialMetadata
+from services.inventory.cloud.provider import HttpMetadataProvider, PartialMetadata
 from shared.netconfig import (
     Addressing,
     InterfaceConfig,
@@ -147,11 +148,6 @@ class OcaConfig:
     mode: str = ""  # "" when the features file was not read
 
 
-def _s(obj: Mapping[str, Any], key: str) -> str:
-    value = obj.get(key)
-    return value if isinstance(value, str) else ""
-
-
 def parse_host(raw: Any) -> OkeState:
     """/opc/v2/host/ into the topology fields. A malformed OCID leaves its field
     empty (the merge keeps the last good value)."""
@@ -165,14 +161,16 @@ def parse_host(raw: Any) -> OkeState:
             fabric = Fabric(ipv6=ipv6, planes=planes)
         else:
             log.info("ignoring incomplete rdmaFabricData", extra={"rdma_fabric_data": data})
-    state = OkeState(network_block_id=_s(raw, "networkBlockId"), rack_id=_s(raw, "rackId"), fabric=fabric)
+    state = OkeState(
+        network_block_id=json_str(raw, "networkBlockId"), rack_id=json_str(raw, "rackId"), fabric=fabric
+    )
     topo = raw.get("rdmaTopologyData")
     if not isinstance(topo, dict):
         return state
 
     def suffix(name: str, key: str) -> str:
         try:
-            return ocid_suffix(_s(topo, key))
+            return ocid_suffix(json_str(topo, key))
         except ValueError as exc:
             log.warning("ignoring invalid OCID from OCI metadata", extra={"field": name, "error": str(exc)})
             return ""
@@ -194,7 +192,7 @@ def parse_primary_vnic(raw: Any) -> PrimaryVnic | None:
     first = raw[0]
     if not isinstance(first, dict):
         raise ProviderError("oke: /opc/v2/vnics/[0]: expected an object")
-    ip_text, subnet_text = _s(first, "privateIp"), _s(first, "subnetCidrBlock")
+    ip_text, subnet_text = json_str(first, "privateIp"), json_str(first, "subnetCidrBlock")
     if not ip_text:
         return None
     try:
@@ -307,17 +305,10 @@ def index_from_address(
 
 async def probe(base_url: str, policy: RetryPolicy = DETECT_POLICY) -> bool:
     """dranet's OnOKE: /opc/v2/instance/ answers 200 to ``Authorization: Bearer Oracle``."""
-    client = HttpClient("oke", base_url, headers=_HEADERS, policy=policy)
-    try:
-        await client.request("GET", "/opc/v2/instance/")
-        return True
-    except MetadataError:
-        return False
-    finally:
-        await client.close()
+    return await probe_get(HttpClient("oke", base_url, headers=_HEADERS, policy=policy), "/opc/v2/instance/")
 
 
-class OkeProvider(MetadataProvider[OkeState], ProfileProvider):
+class OkeProvider(HttpMetadataProvider[OkeState], ProfileProvider):
     hint = Hint.OKE
 
     def __init__(
@@ -330,20 +321,16 @@ class OkeProvider(MetadataProvider[OkeState], ProfileProvider):
         oca_config_dir: str = DEFAULT_OCA_CONFIG_DIR,
         refresh_interval: float = REFRESH_INTERVAL,
     ) -> None:
-        super().__init__(startup_timeout=startup_timeout, refresh_interval=refresh_interval)
-        self.client = HttpClient("oke", base_url, headers=_HEADERS, policy=policy)
+        super().__init__(
+            HttpClient("oke", base_url, headers=_HEADERS, policy=policy),
+            startup_timeout=startup_timeout,
+            refresh_interval=refresh_interval,
+        )
         self.host = host or HostFacts()
         self.oca = load_oca_config(oca_config_dir)
         # Identify RDMA NICs by their OCA address only on nodes without rdmaN names.
         self.address_fallback = not self._has_named_rdma_nic()
         self._layout_validated = False
-
-    @property
-    def name(self) -> str:
-        return "oke"
-
-    async def close_clients(self) -> None:
-        await self.client.close()
 
     def _has_named_rdma_nic(self) -> bool:
         return any(
@@ -387,7 +374,7 @@ class OkeProvider(MetadataProvider[OkeState], ProfileProvider):
         shape = ""
         try:
             instance = await self.client.get_json("/opc/v2/instance/")
-            shape = _s(instance, "shape") if isinstance(instance, dict) else ""
+            shape = json_str(instance, "shape") if isinstance(instance, dict) else ""
         except ProviderError as exc:
             log.warning("oke instance metadata not available", extra={"error": str(exc)})
         vnic = None
@@ -410,17 +397,16 @@ class OkeProvider(MetadataProvider[OkeState], ProfileProvider):
         state = self.state
         if state is None:
             return {}
-        attrs: dict[str, Attribute] = {}
-        for key, value in (
-            (ATTR_HPC_ISLAND_ID, state.hpc_island_id),
-            (ATTR_NETWORK_BLOCK_ID, state.network_block_id),
-            (ATTR_LOCAL_BLOCK_ID, state.local_block_id),
-            (ATTR_RACK_ID, state.rack_id),
-            (ATTR_GPU_MEMORY_FABRIC, state.gpu_memory_fabric),
-            (ATTR_SHAPE, state.shape),
-        ):
-            if value:
-                attrs[key] = Attribute.of_string(value)
+        attrs = string_attributes(
+            (
+                (ATTR_HPC_ISLAND_ID, state.hpc_island_id),
+                (ATTR_NETWORK_BLOCK_ID, state.network_block_id),
+                (ATTR_LOCAL_BLOCK_ID, state.local_block_id),
+                (ATTR_RACK_ID, state.rack_id),
+                (ATTR_GPU_MEMORY_FABRIC, state.gpu_memory_fabric),
+                (ATTR_SHAPE, state.shape),
+            )
+        )
         if state.fabric is not None:
             attrs[ATTR_RDMA_FABRIC_IPV6] = Attribute.of_bool(state.fabric.ipv6)
             attrs[ATTR_RDMA_FABRIC_PLANES] = Attribute.of_int(state.fabric.planes)

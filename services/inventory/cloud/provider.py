@@ -17,6 +17,7 @@ import random
 from typing import Generic, TypeVar
 
 from services.inventory.cloud.base import CloudProvider, Listener, ProviderError
+from services.inventory.cloud.metadata import HttpClient
 
 log = logging.getLogger(__name__)
 
@@ -143,3 +144,17 @@ class MetadataProvider(CloudProvider, Generic[S]):
                 await self._task
             self._task = None
         await self.close_clients()
+
+
+class HttpMetadataProvider(MetadataProvider[S]):
+    """A MetadataProvider that reads one instance metadata server through ``client``,
+    whose session it closes with the provider."""
+
+    def __init__(
+        self, client: HttpClient, *, startup_timeout: float, refresh_interval: float | None = None
+    ) -> None:
+        super().__init__(startup_timeout=startup_timeout, refresh_interval=refresh_interval)
+        self.client = client
+
+    async def close_clients(self) -> None:
+        await self.client.close()

@@ -36,7 +36,14 @@ from services.inventory.cloud.base import (
     ProviderError,
     attribute_problem,
 )
-from services.inventory.cloud.metadata import DETECT_POLICY, HttpClient, MetadataError, Response, RetryPolicy
+from services.inventory.cloud.metadata import (
+    DETECT_POLICY,
+    HttpClient,
+    MetadataError,
+    Response,
+    RetryPolicy,
+    probe_get,
+)
 from shared.netconfig import ConfigError, NetworkConfig, parse_network_config
 
 log = logging.getLogger(__name__)
@@ -97,14 +104,7 @@ async def probe(url: str, *, ca_file: str = "", policy: RetryPolicy = DETECT_POL
     """dranet's OnWebhook: GET /health answers 200."""
     if not url:
         return False
-    client = HttpClient("webhook", url, policy=policy, ca_file=ca_file)
-    try:
-        await client.request("GET", PATH_HEALTH)
-        return True
-    except MetadataError:
-        return False
-    finally:
-        await client.close()
+    return await probe_get(HttpClient("webhook", url, policy=policy, ca_file=ca_file), PATH_HEALTH)
 
 
 class WebhookProvider(CloudProvider, ProfileProvider):
