@@ -38,7 +38,7 @@ from proto.kubelet.dra.v1 import dra_pb2_grpc as dra_v1_pb2_grpc
 from proto.kubelet.dra.v1beta1 import dra_pb2 as dra_v1beta1_pb2
 from proto.kubelet.dra.v1beta1 import dra_pb2_grpc as dra_v1beta1_pb2_grpc
 from proto.kubelet.pluginregistration.v1 import registration_pb2, registration_pb2_grpc
-from services.devcluster.containerd import Containerd
+from services.devcluster.containerd import Containerd, running
 from services.devcluster.cri import CriClient
 from services.devcluster.kubelet import Api, Kubelet
 from shared.rpc import UdsServer
@@ -69,12 +69,8 @@ def mounted_under(prefix: Path) -> bool:
 
 @pytest.fixture(scope="session")
 def containerd_session() -> Iterator[Containerd]:
-    c = Containerd()
-    try:
-        c.start()
+    with running() as c:
         yield c
-    finally:
-        c.close()
 
 
 @pytest.fixture
@@ -88,12 +84,8 @@ def containerd(containerd_session: Containerd) -> Iterator[Containerd]:
 
 @pytest.fixture
 def containerd_private() -> Iterator[Containerd]:
-    c = Containerd()
-    try:
-        c.start()
+    with running() as c:
         yield c
-    finally:
-        c.close()
 
 
 @pytest.fixture

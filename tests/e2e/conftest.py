@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,40 +68,15 @@ class Cluster:
 
 
 @pytest.fixture
-def ctrd() -> Iterator[Containerd]:
-    c = Containerd()
-    try:
-        c.start()
-        yield c
-    finally:
-        c.close()
-
-
-@pytest.fixture
-async def cluster(ctrd: Containerd) -> AsyncIterator[Cluster]:
+async def cluster(containerd_private: Containerd) -> AsyncIterator[Cluster]:
+    ctrd = containerd_private
     node = NodeStack(inventory_args=["--filter", ""])
     kubelet: Kubelet | None = None
     api: KubeApi | None = None
     try:
         await node.start()
-        attach = ServiceProcess(
-            "services.attach",
-            [
-                "--run-dir",
-                str(node.run_dir),
-                "--nri-socket",
-                str(ctrd.nri_socket),
-                "--log-level",
-                "DEBUG",
-                "--drain-quiet",
-                "1",
-                "--drain-poll",
-                "0.2",
-            ],
-            socket=node.run_dir / "attach.sock",
-            log_path=node.workdir / "attach.log",
-            netns=node.netns,
-        )
+        # The node's layout: its run dir is <workdir>/run.
+        attach = env.attach_process(node.workdir, ctrd.nri_socket, netns=node.netns)
         node.procs["attach"] = attach
         await asyncio.to_thread(attach.start)
         assert node.store is not None

@@ -26,7 +26,7 @@ from typing import Any
 from proto.dranet.store.v1 import store_pb2 as st
 from services.devcluster.containerd import Containerd
 from services.devcluster.cri import CriClient, SandboxConfig
-from shared.netconfig import InterfaceConfig, NetworkConfig
+from shared.netconfig import InterfaceConfig, NetworkConfig, parse_network_config
 from shared.storeclient import StoreClient
 from tests.support.procs import ServiceProcess
 
@@ -49,9 +49,11 @@ def store_process(workdir: Path) -> ServiceProcess:
     )
 
 
-def attach_process(workdir: Path, nri_socket: str | os.PathLike[str], *extra: str) -> ServiceProcess:
-    """``python -m services.attach`` on ``nri_socket`` with short graceful-stop timings
-    unless ``extra`` overrides them (argparse keeps the last)."""
+def attach_process(
+    workdir: Path, nri_socket: str | os.PathLike[str], *extra: str, netns: str | None = None
+) -> ServiceProcess:
+    """``python -m services.attach`` on ``nri_socket`` (inside ``netns`` when given) with
+    short graceful-stop timings unless ``extra`` overrides them (argparse keeps the last)."""
     run = workdir / "run"
     return ServiceProcess(
         "services.attach",
@@ -72,6 +74,7 @@ def attach_process(workdir: Path, nri_socket: str | os.PathLike[str], *extra: st
         ],
         socket=run / "attach.sock",
         log_path=workdir / "attach.log",
+        netns=netns,
     )
 
 
@@ -337,6 +340,32 @@ async def stop_pod(cri: CriClient, sid: str, remove: bool = True) -> None:
     await cri.stop_pod_sandbox(sid)
     if remove:
         await cri.remove_pod_sandbox(sid)
+
+
+@dataclass
+class World:
+    """One test's running attach world: a containerd, CRI on it, the store and attach
+    processes with a client on the store, and the veth NICs it made."""
+
+    tmp: Path
+    ctrd: Containerd
+    cri: CriClient
+    store_proc: ServiceProcess
+    store: StoreClient
+    attach: ServiceProcess
+    nics: NicFactory = field(default_factory=NicFactory)
+
+    async def put(self, pod: PodId, nic: VethNic, config: dict[str, Any], **kw: Any) -> st.DeviceConfig:
+        """Store the DeviceConfig prepare would store for ``nic`` with ``config``."""
+        cfg = parse_network_config(config)
+        assert cfg is not None
+        stored = device_config(pod, nic, cfg, **kw)
+        await self.store.put_devices([stored])
+        return stored
+
+    async def result(self, pod: PodId, device: str) -> st.AttachResult | None:
+        state = await self.store.get_pod(pod.uid)
+        return results_by_device(state).get(device)
 
 
 def attach_log_lines(proc: ServiceProcess) -> list[dict[str, Any]]:

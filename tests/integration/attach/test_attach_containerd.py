@@ -15,7 +15,6 @@ import json
 import os
 import stat
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,45 +24,19 @@ import pytest
 from proto.dranet.store.v1 import store_pb2 as st
 from proto.nri.v1alpha1 import nri_pb2
 from services.attach.nri.stub import NriHandlers, NriStub, StubConfig
-from services.devcluster.containerd import Containerd
+from services.devcluster.containerd import Containerd, running
 from services.devcluster.cri import ContainerConfig, CriClient, stubs
-from shared.netconfig import parse_network_config
 from shared.storeclient import StoreClient
 from tests.integration.attach import attach_env as env
-from tests.integration.attach.attach_env import NicFactory, PodId, VethNic
-from tests.support.procs import ServiceProcess
+from tests.integration.attach.attach_env import NicFactory, PodId, VethNic, World
 
 pytestmark = [pytest.mark.containerd, pytest.mark.root, pytest.mark.netns]
 
 
 @pytest.fixture(scope="module")
 def runtime() -> Iterator[Containerd]:
-    c = Containerd()
-    try:
-        c.start()
+    with running() as c:
         yield c
-    finally:
-        c.close()
-
-
-@dataclass
-class World:
-    tmp: Path
-    ctrd: Containerd
-    cri: CriClient
-    store_proc: ServiceProcess
-    store: StoreClient
-    attach: ServiceProcess
-    nics: NicFactory
-
-    async def put(self, pod: PodId, nic: VethNic, config: dict[str, Any], **kw: Any) -> None:
-        cfg = parse_network_config(config)
-        assert cfg is not None
-        await self.store.put_devices([env.device_config(pod, nic, cfg, **kw)])
-
-    async def result(self, pod: PodId, device: str) -> Any:
-        state = await self.store.get_pod(pod.uid)
-        return env.results_by_device(state).get(device)
 
 
 @pytest.fixture

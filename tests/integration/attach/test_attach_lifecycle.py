@@ -19,35 +19,16 @@ import grpc
 import pytest
 
 from proto.dranet.admin.v1 import admin_pb2, admin_pb2_grpc
-from proto.dranet.store.v1 import store_pb2 as st
 from services.devcluster.containerd import Containerd
 from services.devcluster.cri import CriClient
-from shared.netconfig import parse_network_config
 from shared.storeclient import StoreClient
 from tests.integration.attach import attach_env as env
-from tests.integration.attach.attach_env import NicFactory, PodId, VethNic
-from tests.support.procs import ServiceProcess
+from tests.integration.attach.attach_env import PodId, VethNic
 
 pytestmark = [pytest.mark.containerd, pytest.mark.root, pytest.mark.netns, pytest.mark.slow]
 
 
-@dataclass
-class World:
-    tmp: Path
-    ctrd: Containerd
-    cri: CriClient
-    store_proc: ServiceProcess
-    store: StoreClient
-    attach: ServiceProcess
-    nics: NicFactory = field(default_factory=NicFactory)
-
-    async def put(self, pod: PodId, nic: VethNic, config: dict[str, Any]) -> st.DeviceConfig:
-        cfg = parse_network_config(config)
-        assert cfg is not None
-        stored = env.device_config(pod, nic, cfg)
-        await self.store.put_devices([stored])
-        return stored
-
+class World(env.World):
     async def health(self) -> admin_pb2.HealthResponse:
         async with grpc.aio.insecure_channel(f"unix:{self.attach.socket}") as ch:
             return await admin_pb2_grpc.AdminStub(ch).Health(admin_pb2.HealthRequest(), timeout=5)
@@ -65,17 +46,8 @@ class World:
 
 
 @pytest.fixture
-def ctrd() -> Any:
-    c = Containerd()
-    try:
-        c.start()
-        yield c
-    finally:
-        c.close()
-
-
-@pytest.fixture
-async def world(ctrd: Containerd, tmp_path: Path) -> AsyncIterator[World]:
+async def world(containerd_private: Containerd, tmp_path: Path) -> AsyncIterator[World]:
+    ctrd = containerd_private
     store_proc = env.store_process(tmp_path).start()
     attach = env.attach_process(tmp_path, ctrd.nri_socket)
     w: World | None = None

@@ -13,7 +13,7 @@ import json
 import os
 import stat
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,13 +102,9 @@ class Plugin:
 
 
 @pytest.fixture
-def ctrd() -> Iterator[Containerd]:
-    c = Containerd()
-    try:
-        c.start()
-        yield c
-    finally:
-        c.close()
+def ctrd(containerd_private: Containerd) -> Containerd:
+    """A containerd of the test's own: tests here restart it."""
+    return containerd_private
 
 
 @pytest.fixture
