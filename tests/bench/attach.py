@@ -43,7 +43,7 @@ from services.devcluster.containerd import Containerd
 from services.devcluster.cri import CriClient
 from shared.netconfig import parse_network_config
 from shared.storeclient import StoreClient
-from tests.bench.attach_netlink import BenchNic, _setns_socket, bench_nic, direct_cycle
+from tests.bench.attach_netlink import BenchNic, bench_nic, configure_net1, direct_cycle, setns_socket
 from tests.integration.attach import attach_env as env
 
 
@@ -75,15 +75,8 @@ def direct_attach(ipr: Any, nic: BenchNic, pod_fd: int) -> float:
     t = time.perf_counter()
     (host_link,) = ipr.link("get", ifname=nic.host)
     ipr.link("set", index=host_link["index"], net_ns_fd=pod_fd, ifname="net1")
-    ns = IPRoute(use_socket=_setns_socket(pod_fd))
-    (pod_link,) = ns.link("get", ifname="net1")
-    idx = pod_link["index"]
-    for cidr in nic.addresses():
-        addr, plen = cidr.split("/")
-        ns.addr("add", index=idx, address=addr, prefixlen=int(plen))
-    ns.link("set", index=idx, state="up")
-    for r in nic.routes():
-        ns.route("add", dst=r["destination"], gateway=r["gateway"], oif=idx, table=r.get("table", 254))
+    ns = IPRoute(use_socket=setns_socket(pod_fd))
+    idx = configure_net1(ns, nic)
     took = time.perf_counter() - t
     host_fd = open_netns("/proc/self/ns/net")
     try:

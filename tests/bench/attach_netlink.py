@@ -121,7 +121,7 @@ def _in_thread(fn: Callable[[], T]) -> T:
     return box["v"]  # type: ignore[no-any-return]
 
 
-def _setns_socket(fd: int) -> socket.socket:
+def setns_socket(fd: int) -> socket.socket:
     """A NETLINK_ROUTE socket made in the netns ``fd`` by a short-lived thread."""
 
     def make() -> socket.socket:
@@ -134,21 +134,28 @@ def _setns_socket(fd: int) -> socket.socket:
 # --- the direct path ---------------------------------------------------------------------
 
 
+def configure_net1(ns: Any, nic: BenchNic) -> int:
+    """Give the pod's net1 (``ns`` is an IPRoute in the pod) the NIC's addresses and
+    routes and bring it up; its ifindex."""
+    (pod_link,) = ns.link("get", ifname="net1")
+    idx: int = pod_link["index"]
+    for cidr in nic.addresses():
+        addr, plen = cidr.split("/")
+        ns.addr("add", index=idx, address=addr, prefixlen=int(plen))
+    ns.link("set", index=idx, state="up")
+    for r in nic.routes():
+        ns.route("add", dst=r["destination"], gateway=r["gateway"], oif=idx, table=r.get("table", 254))
+    return idx
+
+
 def direct_cycle(ipr: Any, nic: BenchNic, pod_fd: int, host_fd: int) -> None:
     """Attach and return with plain pyroute2 calls (sync IPRoute), in this thread."""
     from pyroute2 import IPRoute
 
     (host_link,) = ipr.link("get", ifname=nic.host)
     ipr.link("set", index=host_link["index"], net_ns_fd=pod_fd, ifname="net1")
-    with IPRoute(use_socket=_setns_socket(pod_fd)) as ns:
-        (pod_link,) = ns.link("get", ifname="net1")
-        idx = pod_link["index"]
-        for cidr in nic.addresses():
-            addr, plen = cidr.split("/")
-            ns.addr("add", index=idx, address=addr, prefixlen=int(plen))
-        ns.link("set", index=idx, state="up")
-        for r in nic.routes():
-            ns.route("add", dst=r["destination"], gateway=r["gateway"], oif=idx, table=r.get("table", 254))
+    with IPRoute(use_socket=setns_socket(pod_fd)) as ns:
+        configure_net1(ns, nic)
         # Return (StopPodSandbox).
         (pod_link,) = ns.link("get", ifname="net1")
         ns.link("set", index=pod_link["index"], net_ns_fd=host_fd, ifname=nic.host)
@@ -185,7 +192,7 @@ def measure_opens(netns: str, n: int = 20) -> dict[str, float]:
             IPRoute(netns=netns, flags=0).close()  # flags=0: never create the netns
 
         def setns_pyroute2() -> None:
-            IPRoute(use_socket=_setns_socket(fd)).close()
+            IPRoute(use_socket=setns_socket(fd)).close()
 
         def setns_raw() -> None:
             def make() -> NlSocket:
