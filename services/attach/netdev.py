@@ -68,6 +68,7 @@ from shared.attachplan import (
     DetachEbpf,
     DeviceKind,
     DeviceSpec,
+    LinkAttrs,
     LinkLocator,
     LinkState,
     MoveLink,
@@ -227,11 +228,13 @@ class _Run:
             self.socks[(ns, proto)] = s
         return s
 
-    def link(self, ns: Ns, name: str) -> LinkState | None:
-        found = self.sock(ns).get_link(name=name)
+    def _remember(self, ns: Ns, found: LinkState | None) -> LinkState | None:
         if found is not None:
             self.index[(ns, found.name)] = found.index
         return found
+
+    def link(self, ns: Ns, name: str) -> LinkState | None:
+        return self._remember(ns, self.sock(ns).get_link(name=name))
 
     def resolve(self, ns: Ns, name: str) -> int:
         idx = self.index.get((ns, name))
@@ -253,18 +256,15 @@ class _Run:
         for name in loc.names:
             found = sock.get_link(name=name)
             if found is not None and (verify is None or verify(found)):
-                self.index[(ns, found.name)] = found.index
-                return found
+                return self._remember(ns, found)
         if loc.altname:
             found = sock.get_link(altname=loc.altname)
             if found is not None:
-                self.index[(ns, found.name)] = found.index
-                return found
+                return self._remember(ns, found)
         if loc.mac:
             for found in sock.list_links():
                 if found.mac == loc.mac.lower() and found.kind not in ("vrf", "bridge"):
-                    self.index[(ns, found.name)] = found.index
-                    return found
+                    return self._remember(ns, found)
         return None
 
     def close(self) -> None:
@@ -296,21 +296,13 @@ def _dispatch(run: _Run, step: Step) -> _Applied:
     if isinstance(step, MoveLink):
         return _move_link(run, step)
     if isinstance(step, AddAltname):
-        try:
-            run.sock(step.ns).altname(run.resolve(step.ns, step.ifname), step.altname, add=True)
-        except NetlinkError as exc:
-            if exc.errno in _EXISTS:
-                return _Applied(changed=False)
-            raise
-        return _Applied()
+        return _add(
+            lambda: run.sock(step.ns).altname(run.resolve(step.ns, step.ifname), step.altname, add=True)
+        )
     if isinstance(step, DelAltname):
-        try:
-            run.sock(step.ns).altname(run.resolve(step.ns, step.ifname), step.altname, add=False)
-        except NetlinkError as exc:
-            if exc.errno in _GONE:
-                return _Applied(changed=False)
-            raise
-        return _Applied()
+        return _remove(
+            lambda: run.sock(step.ns).altname(run.resolve(step.ns, step.ifname), step.altname, add=False)
+        )
     if isinstance(step, RenameLink):
         idx = run.resolve(step.ns, step.ifname)
         sock = run.sock(step.ns)
@@ -320,16 +312,7 @@ def _dispatch(run: _Run, step: Step) -> _Applied:
         run.index[(step.ns, step.new_name)] = idx
         return _Applied()
     if isinstance(step, SetLink):
-        a = step.attrs
-        run.sock(step.ns).set_link(
-            run.resolve(step.ns, step.ifname),
-            mtu=a.mtu,
-            mac=a.mac,
-            gso_max_size=a.gso_max_size,
-            gro_max_size=a.gro_max_size,
-            gso_ipv4_max_size=a.gso_ipv4_max_size,
-            gro_ipv4_max_size=a.gro_ipv4_max_size,
-        )
+        _set_link(run.sock(step.ns), run.resolve(step.ns, step.ifname), step.attrs)
         return _Applied()
     if isinstance(step, SetLinkState):
         run.sock(step.ns).set_link(run.resolve(step.ns, step.ifname), up=step.up)
@@ -362,13 +345,11 @@ def _dispatch(run: _Run, step: Step) -> _Applied:
             lambda: run.sock(step.ns).rule(step.priority, step.source, step.destination, step.table, add=True)
         )
     if isinstance(step, DelRule):
-        try:
-            run.sock(step.ns).rule(step.priority, step.source, step.destination, step.table, add=False)
-        except NetlinkError as exc:
-            if exc.errno in _GONE:
-                return _Applied(changed=False)
-            raise
-        return _Applied()
+        return _remove(
+            lambda: run.sock(step.ns).rule(
+                step.priority, step.source, step.destination, step.table, add=False
+            )
+        )
     if isinstance(step, AddNeighbor):
         run.sock(step.ns).replace_neighbor(run.resolve(step.ns, step.ifname), step.destination, step.mac)
         return _Applied()
@@ -403,14 +384,40 @@ def _dispatch(run: _Run, step: Step) -> _Applied:
     raise PlanError(f"no executor for step {type(step).__name__}")
 
 
-def _add(fn: Callable[[], None]) -> _Applied:
+def _tolerating(errnos: tuple[int, ...], fn: Callable[[], None]) -> _Applied:
+    """Run ``fn``; a netlink error in ``errnos`` means it is already so (nothing to undo)."""
     try:
         fn()
     except NetlinkError as exc:
-        if exc.errno in _EXISTS:
+        if exc.errno in errnos:
             return _Applied(changed=False)
         raise
     return _Applied()
+
+
+def _add(fn: Callable[[], None]) -> _Applied:
+    return _tolerating(_EXISTS, fn)
+
+
+def _remove(fn: Callable[[], None]) -> _Applied:
+    return _tolerating(_GONE, fn)
+
+
+def _set_link(
+    sock: NlSocket, index: int, a: LinkAttrs, *, new_name: str = "", netns_fd: int | None = None
+) -> None:
+    """One RTM_NEWLINK with the link attributes ``a`` (and a move and rename when given)."""
+    sock.set_link(
+        index,
+        new_name=new_name,
+        netns_fd=netns_fd,
+        mtu=a.mtu,
+        mac=a.mac,
+        gso_max_size=a.gso_max_size,
+        gro_max_size=a.gro_max_size,
+        gso_ipv4_max_size=a.gso_ipv4_max_size,
+        gro_ipv4_max_size=a.gro_ipv4_max_size,
+    )
 
 
 def _identified_by(loc: LinkLocator) -> Callable[[LinkState], bool] | None:
@@ -431,18 +438,9 @@ def _move_link(run: _Run, step: MoveLink) -> _Applied:
     link = run.locate(step.ns, step.locator, _identified_by(step.locator))
     if link is None:
         raise NetlinkError(errno.ENODEV, f"{step.locator.describe()} not found in the {step.ns} netns")
-    a = step.attrs
     try:
-        run.sock(step.ns).set_link(
-            link.index,
-            new_name=step.new_name,
-            netns_fd=run.fd(step.dst),
-            mtu=a.mtu,
-            mac=a.mac,
-            gso_max_size=a.gso_max_size,
-            gro_max_size=a.gro_max_size,
-            gso_ipv4_max_size=a.gso_ipv4_max_size,
-            gro_ipv4_max_size=a.gro_ipv4_max_size,
+        _set_link(
+            run.sock(step.ns), link.index, step.attrs, new_name=step.new_name, netns_fd=run.fd(step.dst)
         )
     except NetlinkError as exc:
         # The kernel moves the link before it sets MAC and name: an EEXIST on the
@@ -672,12 +670,16 @@ class NetdevEngine:
 
     # --- thread bodies (public for the benchmark; never call them on the event loop) ---
 
-    def attach_in_thread(self, spec: DeviceSpec, netns: str) -> AttachOutcome:
-        key = spec.host_ifname or spec.rdma_link_dev or spec.device
+    def _timed(self, key: str, fn: Callable[[], _O]) -> _O:
+        """``fn()`` under the lock of device ``key``, its duration in the outcome."""
         with self._lock(key):
             start = time.perf_counter()
-            out = self._attach(spec, netns)
-            out = _replace_duration(out, time.perf_counter() - start)
+            out = fn()
+            return _replace(out, duration_s=time.perf_counter() - start)
+
+    def attach_in_thread(self, spec: DeviceSpec, netns: str) -> AttachOutcome:
+        key = spec.host_ifname or spec.rdma_link_dev or spec.device
+        out = self._timed(key, lambda: self._attach(spec, netns))
         fields = log_fields(pod=spec.pod_uid, device=spec.device, interface=spec.host_ifname, netns=netns)
         if out.error:
             log.warning("attach failed: %s", out.error, extra=fields)
@@ -695,10 +697,7 @@ class NetdevEngine:
 
     def detach_in_thread(self, target: ReturnTarget, netns: str | None) -> ReturnOutcome:
         key = target.host_ifname or target.rdma_link_dev or target.device
-        with self._lock(key):
-            start = time.perf_counter()
-            out = self._detach(target, netns)
-            out = _replace_duration(out, time.perf_counter() - start)
+        out = self._timed(key, lambda: self._detach(target, netns))
         fields = log_fields(device=target.device, interface=target.host_ifname, netns=netns)
         if out.error:
             log.warning("return failed: %s", out.error, extra=fields)
@@ -801,7 +800,7 @@ class NetdevEngine:
             try:
                 seen = _observe_return(run, target)
             except OSError as exc:
-                return _replace(base, error=f"{_where_return(target, netns)}: observe: {_text(exc)}")
+                return _replace(base, error=f"{_where_link(target, netns)}: observe: {_text(exc)}")
             plan = plan_return(target, seen)
             return self._apply_return(run, plan, base, netns)
         finally:
@@ -820,7 +819,7 @@ class NetdevEngine:
                     errors.append(str(failed))
                     break  # the rest of this group depends on this step
                 applied.append(step.describe())
-        error = f"{_where_return(plan.target, netns)}: {'; '.join(errors)}" if errors else ""
+        error = f"{_where_link(plan.target, netns)}: {'; '.join(errors)}" if errors else ""
         return _replace(base, state=plan.state, note=plan.note, error=error, steps=tuple(applied))
 
 
@@ -864,10 +863,10 @@ def _best_effort(run: _Run, steps: tuple[Step, ...]) -> list[str]:
 def _where(spec: DeviceSpec, netns: str) -> str:
     if spec.kind == DeviceKind.RDMA_ONLY:
         return f"device {spec.device} (RDMA {spec.rdma_link_dev}, netns {netns})"
-    return f"device {spec.device} (host {spec.host_ifname}, pod {spec.pod_ifname}, netns {netns})"
+    return _where_link(spec, netns)
 
 
-def _where_return(target: ReturnTarget, netns: str | None) -> str:
+def _where_link(target: DeviceSpec | ReturnTarget, netns: str | None) -> str:
     return f"device {target.device} (host {target.host_ifname}, pod {target.pod_ifname}, netns {netns})"
 
 
@@ -876,7 +875,3 @@ _O = TypeVar("_O", AttachOutcome, ReturnOutcome)
 
 def _replace(obj: _O, **changes: object) -> _O:
     return replace(obj, **changes)  # type: ignore[arg-type]
-
-
-def _replace_duration(obj: _O, seconds: float) -> _O:
-    return _replace(obj, duration_s=seconds)
