@@ -401,14 +401,7 @@ class AllocatorController:
                 if has_finalizer:
                     # The last consumer is gone: deallocate so the devices serve other claims.
                     new_status.pop("allocation", None)
-            claim = await _call(
-                self._resource.replace_namespaced_resource_claim_status,
-                name,
-                namespace,
-                {**claim, "status": new_status},
-                field_manager=CONTROLLER_MANAGER,
-            )
-            self._put("claims", claim)
+            claim = await self._write_claim_status(claim, new_status, CONTROLLER_MANAGER)
             log.info(
                 "released reservation%s",
                 "" if valid else " and deallocated" if has_finalizer else "",
@@ -419,14 +412,7 @@ class AllocatorController:
         elif has_finalizer and meta.get("deletionTimestamp") and not valid:
             if status.get("allocation") is not None:
                 new_status = {k: v for k, v in status.items() if k != "allocation"}
-                claim = await _call(
-                    self._resource.replace_namespaced_resource_claim_status,
-                    name,
-                    namespace,
-                    {**claim, "status": new_status},
-                    field_manager=CONTROLLER_MANAGER,
-                )
-                self._put("claims", claim)
+                claim = await self._write_claim_status(claim, new_status, CONTROLLER_MANAGER)
             claim = await self._remove_finalizer(claim)
         if valid:
             return
@@ -441,6 +427,19 @@ class AllocatorController:
             gone = not await self._pod_exists(namespace, owner[0], owner[1])
         if gone:
             await self._delete_claim(claim)
+
+    async def _write_claim_status(self, claim: Obj, status: Obj, manager: str) -> Obj:
+        """Replace the claim's status as ``manager``; the written claim, cached."""
+        meta = _meta(claim)
+        claim = await _call(
+            self._resource.replace_namespaced_resource_claim_status,
+            meta["name"],
+            meta["namespace"],
+            {**claim, "status": status},
+            field_manager=manager,
+        )
+        self._put("claims", claim)
+        return claim
 
     async def _remove_finalizer(self, claim: Obj) -> Obj:
         meta = _meta(claim)
@@ -752,20 +751,13 @@ class AllocatorController:
             if not _is_reserved_for(claim, pod):
                 status["reservedFor"] = [*(status.get("reservedFor") or []), reference]
             try:
-                claim = await _call(
-                    self._resource.replace_namespaced_resource_claim_status,
-                    name,
-                    namespace,
-                    {**claim, "status": status},
-                    field_manager=SCHEDULER_MANAGER,
-                )
+                claim = await self._write_claim_status(claim, status, SCHEDULER_MANAGER)
             except ApiException as ex:
                 if ex.status == 409:
                     continue
                 if result is not None:
                     self._assumed_allocations.pop(meta["uid"], None)
                 raise
-            self._put("claims", claim)
             log.info(
                 "allocated and reserved" if result is not None else "reserved",
                 extra=log_fields(claim=f"{namespace}/{name}", pod=_key(pod)),
