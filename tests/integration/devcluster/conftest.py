@@ -6,6 +6,7 @@
 ``kube``          a kubernetes-asyncio ``ApiClient`` loaded from that kubeconfig, as our
                   services build theirs.
 ``kubectl``       runs the machine's kubectl against the server without blocking the loop.
+``allocator``     a started ``AllocatorController`` on ``api_server`` whose caches have synced.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client, config
 
+from services.devcluster.allocator import AllocatorController
 from services.devcluster.apiserver import ApiServer
 
 
@@ -37,6 +39,15 @@ async def kube(api_server: ApiServer) -> AsyncIterator[client.ApiClient]:
     await config.load_kube_config(config_file=api_server.kubeconfig_path, client_configuration=cfg)
     async with client.ApiClient(cfg) as api:
         yield api
+
+
+@pytest.fixture
+async def allocator(api_server: ApiServer) -> AsyncIterator[AllocatorController]:
+    controller = await AllocatorController.from_kubeconfig(api_server.kubeconfig_path, resync_seconds=5.0)
+    async with controller:
+        async with asyncio.timeout(10):
+            await controller.wait_synced()
+        yield controller
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,6 @@ claims made from templates, reservations released and claims deallocated or dele
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -14,6 +11,7 @@ from kubernetes_asyncio import client
 
 from services.devcluster.allocation import FINALIZER, POD_CLAIM_NAME_ANNOTATION
 from services.devcluster.allocator import AllocatorController, _call
+from tests.integration.devcluster.helpers import eventually
 
 NS = "default"
 RDMA_CLASS = 'device.driver == "dra.net" && device.attributes["dra.net"].rdma == true'
@@ -130,18 +128,6 @@ class Cluster:
         await _call(self.core.delete_namespaced_pod, name, NS, body={"gracePeriodSeconds": 0})
 
 
-async def eventually(check: Callable[[], Awaitable[Any]], what: str, within: float = 10.0) -> Any:
-    """Poll ``check`` until it returns something truthy; fail with ``what`` at the deadline."""
-    deadline = time.monotonic() + within
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = await check()
-        if last:
-            return last
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}; last value: {last!r}")
-
-
 def nic(name: str, *, rdma: bool, numa: int = 0) -> dict[str, Any]:
     return {
         "name": name,
@@ -156,15 +142,6 @@ def nic(name: str, *, rdma: bool, numa: int = 0) -> dict[str, Any]:
 @pytest.fixture
 async def cluster(kube: client.ApiClient) -> Cluster:
     return Cluster(kube)
-
-
-@pytest.fixture
-async def allocator(api_server: Any) -> AsyncIterator[AllocatorController]:
-    controller = await AllocatorController.from_kubeconfig(api_server.kubeconfig_path, resync_seconds=5.0)
-    async with controller:
-        async with asyncio.timeout(10):
-            await controller.wait_synced()
-        yield controller
 
 
 async def bound_node(cluster: Cluster, pod: str) -> str | None:

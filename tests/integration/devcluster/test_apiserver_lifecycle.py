@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any
 
 import pytest
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
+
+from tests.integration.devcluster.helpers import eventually
 
 from .test_apiserver_client import claim_body, error_body, slice_body
 
@@ -29,14 +31,6 @@ def pod_body(name: str, namespace: str = "default", claims: list[JSON] | None = 
         "metadata": {"name": name, "namespace": namespace},
         "spec": spec,
     }
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], what: str, deadline: float = 5.0) -> None:
-    end = time.monotonic() + deadline
-    while not await check():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def exists(call: Awaitable[Any]) -> bool:

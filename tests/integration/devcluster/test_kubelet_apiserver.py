@@ -23,6 +23,7 @@ from services.devcluster.cri import CriClient
 from services.devcluster.kubelet import POD_UID_LABEL, Kubelet
 from services.devcluster.kubelet_api import KubeApi
 from tests.fixtures_runtime import FakeDraPlugin, exists, is_netns_mount
+from tests.integration.devcluster.helpers import eventually
 
 pytestmark = [pytest.mark.containerd, pytest.mark.root]
 
@@ -31,18 +32,6 @@ NS = "default"
 NODE = "node-1"
 MakeKubelet = Callable[..., Awaitable[Kubelet]]
 MakePlugin = Callable[..., Awaitable[FakeDraPlugin]]
-
-
-async def eventually(check: Callable[[], Awaitable[Any]], what: str, within: float = 20.0) -> Any:
-    """Poll ``check`` until it returns something truthy; fail naming ``what`` at the deadline."""
-    deadline = time.monotonic() + within
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = await check()
-        if last:
-            return last
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}; last value: {last!r}")
 
 
 class Cluster:
@@ -140,15 +129,6 @@ async def cluster(kube: client.ApiClient) -> Cluster:
     c = Cluster(kube)
     await c.setup()
     return c
-
-
-@pytest.fixture
-async def allocator(api_server: Any) -> AsyncIterator[AllocatorController]:
-    controller = await AllocatorController.from_kubeconfig(api_server.kubeconfig_path, resync_seconds=5.0)
-    async with controller:
-        async with asyncio.timeout(10):
-            await controller.wait_synced()
-        yield controller
 
 
 @pytest.fixture
