@@ -36,36 +36,40 @@ def _max_len(n: int) -> str:
     return f"must be no more than {n} characters"
 
 
-def dns1123_label(value: str) -> list[str]:
+def _length_and_format(
+    value: str, max_len: int, pattern: re.Pattern[str], msg: str, fmt: str, examples: list[str]
+) -> list[str]:
+    """At most ``max_len`` characters and a match of ``pattern`` (compiled from ``fmt``)."""
     errs = []
-    if len(value) > DNS1123_LABEL_MAX:
-        errs.append(_max_len(DNS1123_LABEL_MAX))
-    if not _label_re.match(value):
-        errs.append(
-            _regex_error(
-                "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', "
-                "and must start and end with an alphanumeric character",
-                _LABEL_FMT,
-                ["my-name", "123-abc"],
-            )
-        )
+    if len(value) > max_len:
+        errs.append(_max_len(max_len))
+    if not pattern.match(value):
+        errs.append(_regex_error(msg, fmt, examples))
     return errs
+
+
+def dns1123_label(value: str) -> list[str]:
+    return _length_and_format(
+        value,
+        DNS1123_LABEL_MAX,
+        _label_re,
+        "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', "
+        "and must start and end with an alphanumeric character",
+        _LABEL_FMT,
+        ["my-name", "123-abc"],
+    )
 
 
 def dns1123_subdomain(value: str) -> list[str]:
-    errs = []
-    if len(value) > DNS1123_SUBDOMAIN_MAX:
-        errs.append(_max_len(DNS1123_SUBDOMAIN_MAX))
-    if not _subdomain_re.match(value):
-        errs.append(
-            _regex_error(
-                "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', "
-                "and must start and end with an alphanumeric character",
-                _SUBDOMAIN_FMT,
-                ["example.com"],
-            )
-        )
-    return errs
+    return _length_and_format(
+        value,
+        DNS1123_SUBDOMAIN_MAX,
+        _subdomain_re,
+        "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', "
+        "and must start and end with an alphanumeric character",
+        _SUBDOMAIN_FMT,
+        ["example.com"],
+    )
 
 
 def c_identifier(value: str) -> list[str]:
@@ -121,19 +125,15 @@ def qualified_name(value: str) -> list[str]:
 
 
 def label_value(value: str) -> list[str]:
-    errs = []
-    if len(value) > LABEL_VALUE_MAX:
-        errs.append(_max_len(LABEL_VALUE_MAX))
-    if not _label_value_re.match(value):
-        errs.append(
-            _regex_error(
-                "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', "
-                "and must start and end with an alphanumeric character",
-                _LABEL_VALUE_FMT,
-                ["MyValue", "my_value", "12345"],
-            )
-        )
-    return errs
+    return _length_and_format(
+        value,
+        LABEL_VALUE_MAX,
+        _label_value_re,
+        "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', "
+        "and must start and end with an alphanumeric character",
+        _LABEL_VALUE_FMT,
+        ["MyValue", "my_value", "12345"],
+    )
 
 
 # names.SimpleNameGenerator: 5 characters from an alphabet without vowels and look-alikes.

@@ -117,6 +117,21 @@ class Registry:
                     ctx.warnings.append(f'unknown field "{p}"')
         return result.invalid
 
+    def _decode_body(self, res: Resource, namespace: str, body: Any) -> JSON:
+        """A create or update body as a checked copy (see ``_check_target``)."""
+        if not isinstance(body, dict):
+            raise bad_request(
+                f'{res.kind} in version "{res.version}" cannot be handled as a {res.kind}: not an object'
+            )
+        obj = copy.deepcopy(body)
+        self._check_target(res, obj, namespace)
+        return obj
+
+    def _check_target(self, res: Resource, obj: JSON, namespace: str) -> None:
+        """The object is of ``res`` and in the request's namespace (filled in where unset)."""
+        self._check_type(res, obj)
+        self._check_namespace(res, obj, namespace)
+
     def _check_type(self, res: Resource, obj: JSON) -> None:
         api_version, kind = obj.get("apiVersion"), obj.get("kind")
         if api_version and api_version != res.api_version:
@@ -259,13 +274,7 @@ class Registry:
     # -- create -------------------------------------------------------------------------------
 
     def create(self, res: Resource, namespace: str, body: Any, ctx: WriteContext) -> JSON:
-        if not isinstance(body, dict):
-            raise bad_request(
-                f'{res.kind} in version "{res.version}" cannot be handled as a {res.kind}: not an object'
-            )
-        obj = copy.deepcopy(body)
-        self._check_type(res, obj)
-        self._check_namespace(res, obj, namespace)
+        obj = self._decode_body(res, namespace, body)
         schema_errs = self._decode_check(res, obj, ctx)
         res.strategy.default(obj)
         return self._create(res, obj, ctx, schema_errs, None)
@@ -312,18 +321,10 @@ class Registry:
     def update(
         self, res: Resource, namespace: str, name: str, body: Any, ctx: WriteContext, subresource: str = ""
     ) -> tuple[JSON, bool]:
-        if not isinstance(body, dict):
-            raise bad_request(
-                f'{res.kind} in version "{res.version}" cannot be handled as a {res.kind}: not an object'
-            )
-        obj = copy.deepcopy(body)
-        self._check_type(res, obj)
-        self._check_namespace(res, obj, namespace)
+        obj = self._decode_body(res, namespace, body)
         meta = obj["metadata"]
         if meta.get("name", "") != name:
-            raise bad_request(
-                f"the name of the object ({meta.get('name', '')}) does not match the name on the URL ({name})"
-            )
+            raise _name_mismatch(meta.get("name", ""), name)
         schema_errs = self._decode_check(res, obj, ctx)
         res.strategy.default(obj)
         old = self.storage.get(res.plural, _key(res, namespace, name))
@@ -435,11 +436,8 @@ class Registry:
             raise bad_request("the patched object is not a JSON object")
         meta = patched.setdefault("metadata", {})
         if meta.get("name") != name:
-            raise bad_request(
-                f"the name of the object ({meta.get('name')}) does not match the name on the URL ({name})"
-            )
-        self._check_type(res, patched)
-        self._check_namespace(res, patched, namespace)
+            raise _name_mismatch(meta.get("name"), name)
+        self._check_target(res, patched, namespace)
         schema_errs = self._decode_check(res, patched, ctx)
         res.strategy.default(patched)
         return self._update(res, patched, old, ctx, subresource, schema_errs, applied=False), False
@@ -464,13 +462,10 @@ class Registry:
                 f"failed to create typed patch object ({applied.get('apiVersion', '')}, "
                 f"Kind={applied.get('kind', '')}): apiVersion and kind must be set"
             )
-        self._check_type(res, applied)
-        self._check_namespace(res, applied, namespace)
+        self._check_target(res, applied, namespace)
         meta = applied.setdefault("metadata", {})
         if meta.get("name", name) != name:
-            raise bad_request(
-                f"the name of the object ({meta.get('name')}) does not match the name on the URL ({name})"
-            )
+            raise _name_mismatch(meta.get("name"), name)
         meta["name"] = name
         schema_errs = self._decode_check(res, applied, ctx, apply=True)
         old = self.storage.get(res.plural, _key(res, namespace, name))
@@ -879,6 +874,10 @@ class Registry:
 
 
 # -- small helpers ---------------------------------------------------------------------------------
+
+
+def _name_mismatch(have: Any, name: str) -> ApiError:
+    return bad_request(f"the name of the object ({have}) does not match the name on the URL ({name})")
 
 
 def _propagation(options: JSON) -> str:

@@ -193,7 +193,14 @@ def reset_meta_for_status(new: JSON, old: JSON) -> None:
 # -- core v1 ------------------------------------------------------------------------------------
 
 
-class PodStrategy(Strategy):
+class CoreStrategy(Strategy):
+    """core/v1 kinds: their own field label conversion, whose error names only the label."""
+
+    def field_error(self, label: str) -> str:
+        return f"field label not supported: {label}"
+
+
+class PodStrategy(CoreStrategy):
     has_generation = True  # PodObservedGenerationTracking, on by default in 1.34
     field_labels = (
         "metadata.name",
@@ -219,9 +226,6 @@ class PodStrategy(Strategy):
         Column("Nominated Node", "string", "Name of the node this pod is nominated to run on.", priority=1),
         Column("Readiness Gates", "string", "The readiness gates of the pod.", priority=1),
     )
-
-    def field_error(self, label: str) -> str:
-        return f"field label not supported: {label}"
 
     def fields(self, obj: JSON) -> dict[str, str]:
         spec, status = obj.get("spec") or {}, obj.get("status") or {}
@@ -338,7 +342,7 @@ def _qos(spec: JSON) -> str:
     return "Guaranteed" if guaranteed else "Burstable"
 
 
-class NodeStrategy(Strategy):
+class NodeStrategy(CoreStrategy):
     return_deleted = False
     field_labels = ("metadata.name", "spec.unschedulable")
     columns = (
@@ -353,9 +357,6 @@ class NodeStrategy(Strategy):
         Column("Kernel-Version", "string", "Kernel Version reported by the node.", priority=1),
         Column("Container-Runtime", "string", "Container Runtime Version reported by the node.", priority=1),
     )
-
-    def field_error(self, label: str) -> str:
-        return f"field label not supported: {label}"
 
     def fields(self, obj: JSON) -> dict[str, str]:
         return {"spec.unschedulable": "true" if (obj.get("spec") or {}).get("unschedulable") else "false"}
@@ -392,13 +393,10 @@ class NodeStrategy(Strategy):
         ]
 
 
-class NamespaceStrategy(Strategy):
+class NamespaceStrategy(CoreStrategy):
     return_deleted = True
     field_labels = ("metadata.name", "status.phase")
     columns = (NAME_COLUMN, Column("Status", "string", "The status of the namespace"), AGE_COLUMN)
-
-    def field_error(self, label: str) -> str:
-        return f"field label not supported: {label}"
 
     def name_check(self, name: str) -> list[str]:
         return names.dns1123_label(name)
@@ -422,7 +420,7 @@ class NamespaceStrategy(Strategy):
         return [obj["metadata"]["name"], (obj.get("status") or {}).get("phase", ""), age(obj)]
 
 
-class EventStrategy(Strategy):
+class EventStrategy(CoreStrategy):
     return_deleted = False
     allow_create_on_update = True
     field_labels = (
@@ -454,9 +452,6 @@ class EventStrategy(Strategy):
         Column("Count", "string", "Number of times this event has occurred", priority=1),
         Column("Name", "string", "Name of the event", "name", priority=1),
     )
-
-    def field_error(self, label: str) -> str:
-        return f"field label not supported: {label}"
 
     def name_check(self, name: str) -> list[str]:
         return names.dns1123_subdomain(name)

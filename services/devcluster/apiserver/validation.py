@@ -72,6 +72,22 @@ def _msgs(path: str, value: Any, msgs: list[str]) -> Errs:
     return [invalid(path, value, m) for m in msgs]
 
 
+def _required(value: str, path: str, check: Callable[[str], list[str]]) -> Errs:
+    """A required string that must pass ``check`` (names.dns1123_label and the like)."""
+    return _msgs(path, value, check(value)) if value else [required(path)]
+
+
+def _bounded(items: list[JSON], max_size: int, path: str, check: Callable[[JSON, str], Errs]) -> Errs:
+    """``check`` on every item at ``path[i]``; a list over ``max_size`` gets only the
+    too-many error (the size check short-circuits)."""
+    if len(items) > max_size:
+        return [too_many(path, len(items), max_size)]
+    errs: Errs = []
+    for i, item in enumerate(items):
+        errs += check(item, f"{path}[{i}]")
+    return errs
+
+
 # -- object metadata ---------------------------------------------------------------------------
 
 
@@ -182,9 +198,7 @@ def pool_name(value: str, path: str) -> Errs:
 
 
 def device_name(value: str, path: str) -> Errs:
-    if not value:
-        return [required(path)]
-    return _msgs(path, value, names.dns1123_label(value))
+    return _required(value, path, names.dns1123_label)
 
 
 def c_identifier(value: str, path: str) -> Errs:
@@ -341,11 +355,19 @@ def _request_ref(name: str, path: str, known: dict[str, set[str] | None]) -> Err
         return [invalid(path, name, msg)]
     errs: Errs = []
     for part in parts:
-        errs += _msgs(path, part, names.dns1123_label(part)) if part else [required(path)]
+        errs += _required(part, path, names.dns1123_label)
     subs = known.get(parts[0], set()) if parts[0] in known else None
     ok = parts[0] in known and (len(parts) == 1 or (subs is not None and parts[1] in subs))
     if not ok:
         errs.append(invalid(path, name, msg))
+    return errs
+
+
+def _request_refs(holder: JSON, path: str, known: dict[str, set[str] | None]) -> Errs:
+    """The ``requests`` list of a constraint or config: each names a request of the claim."""
+    errs: Errs = []
+    for j, ref in enumerate(holder.get("requests") or []):
+        errs += _request_ref(ref, f"{path}.requests[{j}]", known)
     return errs
 
 
@@ -373,35 +395,35 @@ def device_claim(devices: JSON, path: str) -> Errs:
         for i, r in enumerate(requests):
             errs += _device_request(r, f"{path}.requests[{i}]")
     errs += e
-    constraints = devices.get("constraints") or []
-    if len(constraints) > DEVICE_CONSTRAINTS_MAX_SIZE:
-        errs.append(too_many(f"{path}.constraints", len(constraints), DEVICE_CONSTRAINTS_MAX_SIZE))
+    errs += _bounded(
+        devices.get("constraints") or [],
+        DEVICE_CONSTRAINTS_MAX_SIZE,
+        f"{path}.constraints",
+        lambda c, p: _constraint(c, p, known),
+    )
+    errs += _bounded(
+        devices.get("config") or [],
+        DEVICE_CONFIG_MAX_SIZE,
+        f"{path}.config",
+        lambda c, p: _request_refs(c, p, known) + _opaque(c, p),
+    )
+    return errs
+
+
+def _constraint(c: JSON, path: str, known: dict[str, set[str] | None]) -> Errs:
+    errs = _request_refs(c, path, known)
+    if c.get("matchAttribute") is not None:
+        errs += fully_qualified_name(c["matchAttribute"], f"{path}.matchAttribute")
+    elif c.get("distinctAttribute") is not None:
+        errs += fully_qualified_name(c["distinctAttribute"], f"{path}.distinctAttribute")
     else:
-        for i, c in enumerate(constraints):
-            p = f"{path}.constraints[{i}]"
-            for j, ref in enumerate(c.get("requests") or []):
-                errs += _request_ref(ref, f"{p}.requests[{j}]", known)
-            if c.get("matchAttribute") is not None:
-                errs += fully_qualified_name(c["matchAttribute"], f"{p}.matchAttribute")
-            elif c.get("distinctAttribute") is not None:
-                errs += fully_qualified_name(c["distinctAttribute"], f"{p}.distinctAttribute")
-            else:
-                errs.append(required(f"{p}.matchAttribute"))
-    configs = devices.get("config") or []
-    if len(configs) > DEVICE_CONFIG_MAX_SIZE:
-        errs.append(too_many(f"{path}.config", len(configs), DEVICE_CONFIG_MAX_SIZE))
-    else:
-        for i, c in enumerate(configs):
-            p = f"{path}.config[{i}]"
-            for j, ref in enumerate(c.get("requests") or []):
-                errs += _request_ref(ref, f"{p}.requests[{j}]", known)
-            errs += _opaque(c, p)
+        errs.append(required(f"{path}.matchAttribute"))
     return errs
 
 
 def _device_request(r: JSON, path: str) -> Errs:
     name = r.get("name", "")
-    errs = _msgs(f"{path}.name", name, names.dns1123_label(name)) if name else [required(f"{path}.name")]
+    errs = _required(name, f"{path}.name", names.dns1123_label)
     first = r.get("firstAvailable") or []
     exactly = r.get("exactly")
     if first and exactly is not None:
@@ -424,23 +446,13 @@ def _device_request(r: JSON, path: str) -> Errs:
         if ok:
             for i, sub in enumerate(first):
                 p = f"{path}.firstAvailable[{i}]"
-                sname = sub.get("name", "")
-                errs += (
-                    _msgs(f"{p}.name", sname, names.dns1123_label(sname))
-                    if sname
-                    else [required(f"{p}.name")]
-                )
+                errs += _required(sub.get("name", ""), f"{p}.name", names.dns1123_label)
                 errs += _exact_request(sub, p)
     return errs
 
 
 def _exact_request(r: JSON, path: str) -> Errs:
-    cls = r.get("deviceClassName", "")
-    errs = (
-        _msgs(f"{path}.deviceClassName", cls, names.dns1123_subdomain(cls))
-        if cls
-        else [required(f"{path}.deviceClassName")]
-    )
+    errs = _required(r.get("deviceClassName", ""), f"{path}.deviceClassName", names.dns1123_subdomain)
     errs += _selectors(r.get("selectors") or [], f"{path}.selectors")
     errs += _allocation_mode(r, path)
     errs += _tolerations(r.get("tolerations") or [], f"{path}.tolerations")
@@ -484,12 +496,7 @@ def spec_immutable(new: JSON, old: JSON) -> Errs:
 def device_class(obj: JSON) -> Errs:
     spec = obj.get("spec") or {}
     errs = _selectors(spec.get("selectors") or [], "spec.selectors")
-    configs = spec.get("config") or []
-    if len(configs) > DEVICE_CONFIG_MAX_SIZE:
-        errs.append(too_many("spec.config", len(configs), DEVICE_CONFIG_MAX_SIZE))
-    else:
-        for i, c in enumerate(configs):
-            errs += _opaque(c, f"spec.config[{i}]")
+    errs += _bounded(spec.get("config") or [], DEVICE_CONFIG_MAX_SIZE, "spec.config", _opaque)
     return errs
 
 
@@ -624,11 +631,8 @@ def resource_slice(obj: JSON, old: JSON | None = None) -> Errs:
     errs += e
     if ok:
         for i, cs in enumerate(counters):
-            cname = cs.get("name", "")
             p = f"spec.sharedCounters[{i}]"
-            errs += (
-                _msgs(f"{p}.name", cname, names.dns1123_label(cname)) if cname else [required(f"{p}.name")]
-            )
+            errs += _required(cs.get("name", ""), f"{p}.name", names.dns1123_label)
             if not cs.get("counters"):
                 errs.append(required(f"{p}.counters"))
             for key in cs.get("counters") or {}:
@@ -662,22 +666,8 @@ def _device(dev: JSON, path: str, per_device: bool) -> Errs:
                     "allowMultipleAllocations must be true",
                 )
             )
-    taints = dev.get("taints") or []
     # At most 4 taints per device in 1.34 (DeviceTaintsMaxLength).
-    if len(taints) > DEVICE_TAINTS_MAX_LENGTH:
-        errs.append(too_many(f"{path}.taints", len(taints), DEVICE_TAINTS_MAX_LENGTH))
-    else:
-        for i, t in enumerate(taints):
-            p = f"{path}.taints[{i}]"
-            key = t.get("key", "")
-            errs += _msgs(f"{p}.key", key, names.qualified_name(key)) if key else [required(f"{p}.key")]
-            if t.get("value"):
-                errs += _msgs(f"{p}.value", t["value"], names.label_value(t["value"]))
-            effect = t.get("effect", "")
-            if not effect:
-                errs.append(required(f"{p}.effect"))
-            elif effect not in ("NoSchedule", "NoExecute", "None"):
-                errs.append(not_supported(f"{p}.effect", effect, ["NoExecute", "NoSchedule", "None"]))
+    errs += _bounded(dev.get("taints") or [], DEVICE_TAINTS_MAX_LENGTH, f"{path}.taints", _taint)
     node_fields = [k for k in ("nodeName", "nodeSelector", "allNodes") if k in dev]
     if per_device:
         e, chosen = _node_selection(dev, path, False)
@@ -699,6 +689,18 @@ def _device(dev: JSON, path: str, per_device: bool) -> Errs:
                 "true in the ResourceSlice spec",
             )
         )
+    return errs
+
+
+def _taint(t: JSON, p: str) -> Errs:
+    errs = _required(t.get("key", ""), f"{p}.key", names.qualified_name)
+    if t.get("value"):
+        errs += _msgs(f"{p}.value", t["value"], names.label_value(t["value"]))
+    effect = t.get("effect", "")
+    if not effect:
+        errs.append(required(f"{p}.effect"))
+    elif effect not in ("NoSchedule", "NoExecute", "None"):
+        errs.append(not_supported(f"{p}.effect", effect, ["NoExecute", "NoSchedule", "None"]))
     return errs
 
 
@@ -845,38 +847,43 @@ def _device_status(d: JSON, path: str, allocated: set[str]) -> Errs:
 
 
 def _allocation(alloc: JSON, known: dict[str, set[str] | None]) -> Errs:
-    errs: Errs = []
     devices = alloc.get("devices") or {}
-    results = devices.get("results") or []
     # At most 32 allocation results (AllocationResultsMaxSize).
-    if len(results) > ALLOCATION_RESULTS_MAX_SIZE:
-        errs.append(too_many("status.allocation.devices.results", len(results), ALLOCATION_RESULTS_MAX_SIZE))
-    else:
-        for i, r in enumerate(results):
-            p = f"status.allocation.devices.results[{i}]"
-            errs += _request_ref(r.get("request", ""), f"{p}.request", known)
-            errs += driver_name(r.get("driver", ""), f"{p}.driver")
-            errs += pool_name(r.get("pool", ""), f"{p}.pool")
-            errs += device_name(r.get("device", ""), f"{p}.device")
-            errs += _tolerations(r.get("tolerations") or [], f"{p}.tolerations")
-    configs = devices.get("config") or []
+    errs = _bounded(
+        devices.get("results") or [],
+        ALLOCATION_RESULTS_MAX_SIZE,
+        "status.allocation.devices.results",
+        lambda r, p: _allocation_result(r, p, known),
+    )
     # Class configs plus claim configs: at most 2 x 32.
-    if len(configs) > 2 * DEVICE_CONFIG_MAX_SIZE:
-        errs.append(too_many("status.allocation.devices.config", len(configs), 2 * DEVICE_CONFIG_MAX_SIZE))
-    else:
-        for i, c in enumerate(configs):
-            p = f"status.allocation.devices.config[{i}]"
-            source = c.get("source", "")
-            if not source:
-                errs.append(required(f"{p}.source"))
-            elif source not in ("FromClaim", "FromClass"):
-                errs.append(not_supported(f"{p}.source", source, ["FromClaim", "FromClass"]))
-            for j, ref in enumerate(c.get("requests") or []):
-                errs += _request_ref(ref, f"{p}.requests[{j}]", known)
-            errs += _opaque(c, p)
+    errs += _bounded(
+        devices.get("config") or [],
+        2 * DEVICE_CONFIG_MAX_SIZE,
+        "status.allocation.devices.config",
+        lambda c, p: _allocation_config(c, p, known),
+    )
     if alloc.get("nodeSelector") is not None:
         errs += _node_selector(alloc["nodeSelector"], "status.allocation.nodeSelector")
     return errs
+
+
+def _allocation_result(r: JSON, path: str, known: dict[str, set[str] | None]) -> Errs:
+    errs = _request_ref(r.get("request", ""), f"{path}.request", known)
+    errs += driver_name(r.get("driver", ""), f"{path}.driver")
+    errs += pool_name(r.get("pool", ""), f"{path}.pool")
+    errs += device_name(r.get("device", ""), f"{path}.device")
+    errs += _tolerations(r.get("tolerations") or [], f"{path}.tolerations")
+    return errs
+
+
+def _allocation_config(c: JSON, path: str, known: dict[str, set[str] | None]) -> Errs:
+    errs: Errs = []
+    source = c.get("source", "")
+    if not source:
+        errs.append(required(f"{path}.source"))
+    elif source not in ("FromClaim", "FromClass"):
+        errs.append(not_supported(f"{path}.source", source, ["FromClaim", "FromClass"]))
+    return errs + _request_refs(c, path, known) + _opaque(c, path)
 
 
 def resource_claim_status(new: JSON, old: JSON) -> Errs:
@@ -985,7 +992,7 @@ def pod(obj: JSON) -> Errs:
     for i, rc in enumerate(spec.get("resourceClaims") or []):
         p = f"spec.resourceClaims[{i}]"
         name = rc.get("name", "")
-        errs += _msgs(f"{p}.name", name, names.dns1123_label(name)) if name else [required(f"{p}.name")]
+        errs += _required(name, f"{p}.name", names.dns1123_label)
         if name in rc_seen:
             errs.append(duplicate(f"{p}.name", name))
         rc_seen.add(name)
