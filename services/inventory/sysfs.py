@@ -74,6 +74,20 @@ def _listdir(path: Path) -> list[str]:
         return []
 
 
+def _link_target(link: Path) -> str:
+    """Where the symlink ``link`` points, as an absolute path ("" if unreadable)."""
+    try:
+        dst = os.readlink(link)
+    except OSError:
+        return ""
+    return os.path.normpath(os.path.join(link.parent, dst))
+
+
+def _rdma_devices(device_dir: Path) -> tuple[str, ...]:
+    """The RDMA devices of a PCI function (the directories under its infiniband/)."""
+    return tuple(n for n in _listdir(device_dir / "infiniband") if (device_dir / "infiniband" / n).is_dir())
+
+
 def _hex_id(text: str | None) -> str:
     """ "0x15b3\\n" -> "15b3"."""
     if not text:
@@ -168,12 +182,7 @@ class Sysfs:
 
     def _net_target(self, ifname: str) -> str:
         """Where class/net/<if> points, as an absolute path (or "" if unreadable)."""
-        link = self.class_net / ifname
-        try:
-            dst = os.readlink(link)
-        except OSError:
-            return ""
-        return os.path.normpath(os.path.join(self.class_net, dst))
+        return _link_target(self.class_net / ifname)
 
     def netdev(self, ifname: str) -> NetSysfs:
         """PCI address, virtual flag, SR-IOV facts and RDMA links of a netdev."""
@@ -190,7 +199,7 @@ class Sysfs:
         if is_vf:
             pf_nets = _listdir(dev / "physfn" / "net")
             pf = pf_nets[0] if pf_nets else ""
-        rdma = tuple(n for n in _listdir(dev / "infiniband") if (dev / "infiniband" / n).is_dir())
+        rdma = _rdma_devices(dev)
         return NetSysfs(
             pci_address=pci,
             virtual=False,
@@ -225,12 +234,9 @@ class Sysfs:
             if modalias is None:
                 return None
             vendor, device, sub_vendor, sub_device, class_code = modalias
-        try:
-            driver = os.path.basename(os.readlink(d / "driver"))
-        except OSError:
-            driver = ""
+        driver = os.path.basename(_link_target(d / "driver"))
         numa = _read_int(d / "numa_node")
-        rdma = tuple(n for n in _listdir(d / "infiniband") if (d / "infiniband" / n).is_dir())
+        rdma = _rdma_devices(d)
         return PciFunction(
             address=address,
             class_code=class_code,
@@ -258,12 +264,9 @@ class Sysfs:
         bus/pci/devices/<bdf> points under devices/; "" when not resolvable."""
         if not _PCI_BDF.match(address):
             return ""
-        link = self.pci_devices / address
-        try:
-            dst = os.readlink(link)
-        except OSError:
+        target = _link_target(self.pci_devices / address)
+        if not target:
             return ""
-        target = os.path.normpath(os.path.join(self.pci_devices, dst))
         rel = os.path.relpath(target, self.root / "devices")
         parts = rel.split(os.sep)
         if rel.startswith("..") or not parts[0].startswith("pci") or parts[-1] != address:
