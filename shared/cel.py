@@ -534,14 +534,20 @@ def _fn_char_at(v: _Value, index: _Value) -> _Value:
     return celtypes.StringType(text[i] if i < len(text) else "")
 
 
-def _string_index_of(text: str, sub: str, offset: int) -> _Value:
+def _offset_search(text: str, sub: str, offset: int, search: Callable[[], int]) -> _Value:
+    """indexOf/lastIndexOf from ``offset``: a negative offset is an error, an empty
+    ``sub`` is found at the offset, an offset past the end finds nothing."""
     if offset < 0:
         return _err(f"index out of range: {offset}")
     if not sub:
         return celtypes.IntType(min(offset, len(text)))
     if offset >= len(text):
         return celtypes.IntType(-1)
-    return celtypes.IntType(text.find(sub, offset))
+    return celtypes.IntType(search())
+
+
+def _string_index_of(text: str, sub: str, offset: int) -> _Value:
+    return _offset_search(text, sub, offset, lambda: text.find(sub, offset))
 
 
 def _string_last_index_of(text: str, sub: str, offset: int | None) -> _Value:
@@ -549,13 +555,7 @@ def _string_last_index_of(text: str, sub: str, offset: int | None) -> _Value:
         if not sub:
             return celtypes.IntType(len(text))
         return celtypes.IntType(text.rfind(sub))
-    if offset < 0:
-        return _err(f"index out of range: {offset}")
-    if not sub:
-        return celtypes.IntType(min(offset, len(text)))
-    if offset >= len(text):
-        return celtypes.IntType(-1)
-    return celtypes.IntType(text.rfind(sub, 0, offset + len(sub)))
+    return _offset_search(text, sub, offset, lambda: text.rfind(sub, 0, offset + len(sub)))
 
 
 def _fn_index_of(target: _Value, what: _Value, offset: _Value = None) -> _Value:
