@@ -730,6 +730,34 @@ def _host_restore(spec: DeviceSpec) -> tuple[Step, ...]:
     return tuple(out)
 
 
+def _netdev_plan(
+    spec: DeviceSpec,
+    netns: str,
+    steps: list[PlannedStep],
+    ips: tuple[str, ...],
+    mac: str,
+    *,
+    converging: bool = False,
+    base_undo: tuple[Step, ...] = (),
+    restore: tuple[Step, ...] = (),
+) -> AttachPlan:
+    """The plan of a device that has a netdev in the pod (passthrough or IPvlan child)."""
+    return AttachPlan(
+        device=spec.device,
+        kind=spec.kind,
+        host_ifname=spec.host_ifname,
+        pod_ifname=spec.pod_ifname,
+        netns=netns,
+        steps=tuple(steps),
+        ips=ips,
+        mac=mac,
+        conditions=_conditions(spec),
+        converging=converging,
+        base_undo=base_undo,
+        restore=restore,
+    )
+
+
 def _plan_passthrough(spec: DeviceSpec, netns: str, seen: AttachObservation) -> AttachPlan:
     attrs = _link_attrs(spec)
     ips = _addresses(spec)
@@ -752,16 +780,12 @@ def _plan_passthrough(spec: DeviceSpec, netns: str, seen: AttachObservation) -> 
         steps += _rdma_steps(spec)
         before = attrs.original(None, spec.host)
         locator = LinkLocator((spec.pod_ifname, cur.name), tag, attrs.mac or cur.mac)
-        return AttachPlan(
-            device=spec.device,
-            kind=spec.kind,
-            host_ifname=spec.host_ifname,
-            pod_ifname=spec.pod_ifname,
-            netns=netns,
-            steps=tuple(steps),
-            ips=ips,
-            mac=attrs.mac or cur.mac,
-            conditions=_conditions(spec),
+        return _netdev_plan(
+            spec,
+            netns,
+            steps,
+            ips,
+            attrs.mac or cur.mac,
             converging=True,
             base_undo=(
                 MoveLink(Ns.POD, Ns.HOST, locator, spec.host_ifname, before),
@@ -794,18 +818,7 @@ def _plan_passthrough(spec: DeviceSpec, netns: str, seen: AttachObservation) -> 
     )
     steps += _in_pod_steps(spec, ips)
     steps += _rdma_steps(spec)
-    return AttachPlan(
-        device=spec.device,
-        kind=spec.kind,
-        host_ifname=spec.host_ifname,
-        pod_ifname=spec.pod_ifname,
-        netns=netns,
-        steps=tuple(steps),
-        ips=ips,
-        mac=final_mac,
-        conditions=_conditions(spec),
-        restore=_host_restore(spec),
-    )
+    return _netdev_plan(spec, netns, steps, ips, final_mac, restore=_host_restore(spec))
 
 
 def _plan_ipvlan(spec: DeviceSpec, netns: str, seen: AttachObservation) -> AttachPlan:
@@ -840,16 +853,12 @@ def _plan_ipvlan(spec: DeviceSpec, netns: str, seen: AttachObservation) -> Attac
     elif itf.mtu is not None:
         steps.append(PlannedStep(SetLink(Ns.POD, spec.pod_ifname, LinkAttrs(mtu=itf.mtu))))
     steps += _in_pod_steps(spec, ips)
-    return AttachPlan(
-        device=spec.device,
-        kind=spec.kind,
-        host_ifname=spec.host_ifname,
-        pod_ifname=spec.pod_ifname,
-        netns=netns,
-        steps=tuple(steps),
-        ips=ips,
-        mac=parent.mac,
-        conditions=_conditions(spec),
+    return _netdev_plan(
+        spec,
+        netns,
+        steps,
+        ips,
+        parent.mac,
         converging=converging,
         base_undo=(DeleteLink(Ns.POD, spec.pod_ifname),) if converging else (),
     )
