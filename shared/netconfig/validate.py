@@ -288,33 +288,27 @@ def _validate_routes(routes: Iterable[RouteConfig], path: str) -> list[FieldErro
                 )
             )
         if r.gateway:
-            gw = parse_ip(r.gateway)
-            if gw is None:
-                errs.append(FieldError(f"{p}.gateway", f"invalid IP address {r.gateway!r}"))
-            elif dst is not None and not _same_family(dst, gw):
-                errs.append(
-                    FieldError(
-                        f"{p}.gateway",
-                        f"{r.gateway} is not the same IP family as destination {r.destination}",
-                    )
-                )
+            errs += _route_address(r.gateway, f"{p}.gateway", dst, r.destination)
         elif r.scope != RT_SCOPE_LINK:
             errs.append(
                 FieldError(f"{p}.gateway", "must be set for universe-scope routes (or use scope 253, link)")
             )
         if r.source:
-            src = parse_ip(r.source)
-            if src is None:
-                errs.append(FieldError(f"{p}.source", f"invalid IP address {r.source!r}"))
-            elif dst is not None and not _same_family(dst, src):
-                errs.append(
-                    FieldError(
-                        f"{p}.source", f"{r.source} is not the same IP family as destination {r.destination}"
-                    )
-                )
+            errs += _route_address(r.source, f"{p}.source", dst, r.destination)
         if not 0 <= r.table <= MAX_TABLE:
             errs.append(FieldError(f"{p}.table", f"must be between 0 and {MAX_TABLE}, got {r.table}"))
     return errs
+
+
+def _route_address(value: str, path: str, dst: Any, destination: str) -> list[FieldError]:
+    """A route's gateway or source: an IP address of the destination's family
+    (``dst`` is the parsed destination, None when it is not valid)."""
+    ip = parse_ip(value)
+    if ip is None:
+        return [FieldError(path, f"invalid IP address {value!r}")]
+    if dst is not None and not _same_family(dst, ip):
+        return [FieldError(path, f"{value} is not the same IP family as destination {destination}")]
+    return []
 
 
 def _validate_rules(rules: Iterable[RuleConfig], path: str) -> list[FieldError]:
