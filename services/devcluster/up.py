@@ -186,6 +186,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"[up] {child.name} ready in {time.monotonic() - t0:.2f}s", flush=True)
         return info
 
+    def service(name: str, *flags: str, netns: str | None = None) -> Child:
+        """One of dranet's services, its socket in the run dir."""
+        return Child(
+            name,
+            [py, "-m", f"services.{name}", "--run-dir", str(run_dir), *flags, *level],
+            socket=run_dir / f"{name}.sock",
+            netns=netns,
+        )
+
     code = 0
     kubeconfig = ""
     try:
@@ -217,81 +226,32 @@ def run(args: argparse.Namespace) -> int:
             ),
             timeout=120,
         )
+        start(service("store", "--db-dir", str(state / "store")))
         start(
-            Child(
-                "store",
-                [
-                    py,
-                    "-m",
-                    "services.store",
-                    "--db-dir",
-                    str(state / "store"),
-                    "--run-dir",
-                    str(run_dir),
-                    *level,
-                ],
-                socket=run_dir / "store.sock",
-            )
-        )
-        start(
-            Child(
+            service(
                 "inventory",
-                [
-                    py,
-                    "-m",
-                    "services.inventory",
-                    "--run-dir",
-                    str(run_dir),
-                    "--node-name",
-                    NODE,
-                    "--kubeconfig",
-                    kubeconfig,
-                    "--cloud-provider-hint",
-                    "NONE",
-                    # veth stand in for NICs here: publish them, but not the API link.
-                    "--filter",
-                    'attributes["dra.net/ifName"].StringValue != "apilink"',
-                    *level,
-                ],
-                socket=run_dir / "inventory.sock",
+                "--node-name",
+                NODE,
+                "--kubeconfig",
+                kubeconfig,
+                "--cloud-provider-hint",
+                "NONE",
+                # veth stand in for NICs here: publish them, but not the API link.
+                "--filter",
+                'attributes["dra.net/ifName"].StringValue != "apilink"',
                 netns=args.netns,
             )
         )
+        start(service("attach", "--nri-socket", ctrd["nri_socket"], netns=args.netns))
         start(
-            Child(
-                "attach",
-                [
-                    py,
-                    "-m",
-                    "services.attach",
-                    "--run-dir",
-                    str(run_dir),
-                    "--nri-socket",
-                    ctrd["nri_socket"],
-                    *level,
-                ],
-                socket=run_dir / "attach.sock",
-                netns=args.netns,
-            )
-        )
-        start(
-            Child(
+            service(
                 "prepare",
-                [
-                    py,
-                    "-m",
-                    "services.prepare",
-                    "--run-dir",
-                    str(run_dir),
-                    "--node-name",
-                    NODE,
-                    "--kubeconfig",
-                    kubeconfig,
-                    "--kubelet-root-dir",
-                    str(kubelet_dir),
-                    *level,
-                ],
-                socket=run_dir / "prepare.sock",
+                "--node-name",
+                NODE,
+                "--kubeconfig",
+                kubeconfig,
+                "--kubelet-root-dir",
+                str(kubelet_dir),
             )
         )
         start(
