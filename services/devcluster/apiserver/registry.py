@@ -904,36 +904,23 @@ def _check_rv_match(resource_version: str, rv_match: str) -> None:
     """ValidateListOptions' rules for resourceVersionMatch."""
     if not rv_match:
         return
+
+    def invalid(error: FieldError) -> ApiError:
+        return errors.invalid_object("ListOptions", "meta.k8s.io", "", [error])
+
     if rv_match not in ("Exact", "NotOlderThan"):
-        raise errors.invalid_object(
-            "ListOptions",
-            "meta.k8s.io",
-            "",
-            [errors.not_supported("resourceVersionMatch", rv_match, ["Exact", "NotOlderThan", ""])],
-        )
+        raise invalid(errors.not_supported("resourceVersionMatch", rv_match, ["Exact", "NotOlderThan", ""]))
     if not resource_version:
-        raise errors.invalid_object(
-            "ListOptions",
-            "meta.k8s.io",
-            "",
-            [
-                errors.forbidden(
-                    "resourceVersionMatch",
-                    "resourceVersionMatch is forbidden unless resourceVersion is provided",
-                )
-            ],
+        raise invalid(
+            errors.forbidden(
+                "resourceVersionMatch", "resourceVersionMatch is forbidden unless resourceVersion is provided"
+            )
         )
     if rv_match == "Exact" and resource_version == "0":
-        raise errors.invalid_object(
-            "ListOptions",
-            "meta.k8s.io",
-            "",
-            [
-                errors.forbidden(
-                    "resourceVersionMatch",
-                    'resourceVersionMatch "exact" is forbidden for resourceVersion "0"',
-                )
-            ],
+        raise invalid(
+            errors.forbidden(
+                "resourceVersionMatch", 'resourceVersionMatch "exact" is forbidden for resourceVersion "0"'
+            )
         )
 
 
