@@ -19,7 +19,7 @@ from services.devcluster.kubelet import Kubelet
 from services.devcluster.kubelet_api import KubeApi
 from tests.integration.attach import attach_env as env
 from tests.support.procs import ServiceProcess
-from tests.support.stack import NodeStack, sh
+from tests.support.stack import NodeStack, bounded, sh
 
 ALL_DEVICES = 'device.driver == "dra.net"'
 
@@ -104,10 +104,10 @@ async def cluster(containerd_private: Containerd) -> AsyncIterator[Cluster]:
         raise
     finally:
         if kubelet is not None:
-            await kubelet.stop()
-            await kubelet.runtime.close()
+            await bounded("kubelet emulator", kubelet.stop())
+            await bounded("CRI client", kubelet.runtime.close())
         if api is not None:
-            await api.close()
+            await bounded("kubelet API client", api.close())
         await node.stop()
         for i in range(4):
             sh("ip", "netns", "del", f"{node.netns}-p{i}", check=False)

@@ -72,6 +72,14 @@ def claim_refs(claims: Sequence[dict[str, Any]]) -> list[ClaimRef]:
     ]
 
 
+async def bounded(what: str, step: Awaitable[Any], within: float = 20.0) -> None:
+    """Await a teardown step for at most ``within`` seconds; say so if it hangs."""
+    try:
+        await asyncio.wait_for(step, within)
+    except TimeoutError:
+        print(f"teardown: {what} did not stop within {within}s; going on", flush=True)
+
+
 class NodeStack:
     """See the module docstring. ``async with NodeStack(...) as node:``."""
 
@@ -191,20 +199,21 @@ class NodeStack:
         )
 
     async def stop(self) -> None:
-        await self.stop_attach_liveness()
+        # Every step is bounded: a teardown that hangs must not hang the run.
+        await bounded("attach liveness", self.stop_attach_liveness())
         if self.plugins is not None:
-            await self.plugins.stop()
+            await bounded("plugin manager", self.plugins.stop())
         if self.allocator is not None:
-            await self.allocator.stop()
+            await bounded("allocator", self.allocator.stop())
         for proc in reversed(list(self.procs.values())):
             with contextlib.suppress(Exception):
-                proc.stop()
+                await asyncio.to_thread(proc.stop)
         if self.store is not None:
-            await self.store.close()
+            await bounded("store client", self.store.close())
         if self.kube is not None:
-            await self.kube.close()
+            await bounded("API client", self.kube.close())
         if self.api is not None:
-            await self.api.stop()
+            await bounded("API server", self.api.stop())
         sh("ip", "netns", "del", self.netns, check=False)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
