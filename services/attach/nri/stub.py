@@ -63,6 +63,11 @@ def event_mask(*events: int) -> int:
 class NriHandlers:
     """The plugin's hooks. Override what you need; the rest stay unsubscribed.
 
+    The event subscription sent in Configure names only the overridden hooks,
+    and only their dedicated RPCs are served (others answer UNIMPLEMENTED, as
+    Go's stub does), so the defaults below are never reached through the stub;
+    they answer "no change" for subclasses that call them.
+
     Every hook must return within the stub's deadline (StubConfig.handler_timeout,
     capped below the runtime's request timeout). Raising fails the runtime's
     operation: TtrpcError keeps its code, other exceptions become UNKNOWN.
@@ -81,43 +86,43 @@ class NriHandlers:
         """The runtime is going down; it will close the connection."""
 
     async def run_pod_sandbox(self, pod: Pod) -> None:
-        raise NotImplementedError
+        return None
 
     async def stop_pod_sandbox(self, pod: Pod) -> None:
-        raise NotImplementedError
+        return None
 
     async def remove_pod_sandbox(self, pod: Pod) -> None:
-        raise NotImplementedError
+        return None
 
     async def create_container(
         self, pod: Pod, container: Container
     ) -> nri_pb2.ContainerAdjustment | nri_pb2.CreateContainerResponse | None:
         """Return an adjustment for the container being created (or a full
         response with updates and evictions), or None for no change."""
-        raise NotImplementedError
+        return None
 
     async def post_create_container(self, pod: Pod, container: Container) -> None:
-        raise NotImplementedError
+        return None
 
     async def start_container(self, pod: Pod, container: Container) -> None:
-        raise NotImplementedError
+        return None
 
     async def post_start_container(self, pod: Pod, container: Container) -> None:
-        raise NotImplementedError
+        return None
 
     async def update_container(
         self, pod: Pod, container: Container, resources: nri_pb2.LinuxResources
     ) -> nri_pb2.UpdateContainerResponse | None:
-        raise NotImplementedError
+        return None
 
     async def post_update_container(self, pod: Pod, container: Container) -> None:
-        raise NotImplementedError
+        return None
 
     async def stop_container(self, pod: Pod, container: Container) -> nri_pb2.StopContainerResponse | None:
-        raise NotImplementedError
+        return None
 
     async def remove_container(self, pod: Pod, container: Container) -> None:
-        raise NotImplementedError
+        return None
 
 
 # Events delivered by StateChange (NRI <= v0.11) or, from v0.12, by a dedicated

@@ -390,3 +390,36 @@ async def test_stop_disconnects(runtime: FakeRuntime, run_stub: RunStub) -> None
     assert peer.conn is not None
     await asyncio.wait_for(peer.conn.wait_closed(), 5)
     assert not stub.connected
+
+
+class OnlyRun(NriHandlers):
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+
+    async def run_pod_sandbox(self, pod: nri_pb2.PodSandbox) -> None:
+        self.ran.append(pod.name)
+
+
+async def test_hooks_not_overridden_are_unsubscribed_and_answer_no_change(
+    runtime: FakeRuntime, run_stub: RunStub
+) -> None:
+    h = OnlyRun()
+    run_stub(h)
+    peer = await runtime.next_peer()
+    await asyncio.wait_for(peer.registered, 5)
+    assert await peer.configure() == 0x1  # RunPodSandbox only
+    await peer.synchronize([])
+    await peer.event(nri_pb2.RUN_POD_SANDBOX, pod("a"))
+    assert h.ran == ["a"]
+    # Requests for hooks the plugin lacks are not served at all (as Go's stub):
+    # a runtime that sends one anyway gets UNIMPLEMENTED, never a half answer.
+    for method, req, resp in [
+        ("CreateContainer", nri_pb2.CreateContainerRequest(pod=pod("a")), nri_pb2.CreateContainerResponse),
+        ("StopContainer", nri_pb2.StopContainerRequest(pod=pod("a")), nri_pb2.StopContainerResponse),
+    ]:
+        with pytest.raises(TtrpcError) as e:
+            await peer.call(method, req, resp)
+        assert (e.value.code, e.value.message) == (Code.UNIMPLEMENTED, f"method {method}")
+    # An unsubscribed event through StateChange is answered and ignored.
+    await peer.event(nri_pb2.STOP_POD_SANDBOX, pod("a"))
+    assert h.ran == ["a"]
