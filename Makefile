@@ -6,22 +6,22 @@ setup:
 
 proto: setup
 
-# The four services, the control plane and containerd on this host; a demo Pod
+# A real single-node Kubernetes and dranet's four services on this host; a demo Pod
 # gets a NIC once everything is ready. Ctrl-C stops it all. UP_ARGS adds flags.
 up: setup
-	.venv/bin/python -m services.devcluster up --demo $(UP_ARGS)
+	.venv/bin/python -m dev.cluster up --demo $(UP_ARGS)
 
 lint: setup
-	.venv/bin/ruff check services shared tests
-	.venv/bin/ruff format --check services shared tests
+	.venv/bin/ruff check services shared dev tests
+	.venv/bin/ruff format --check services shared dev tests
 
 typecheck: setup
-	.venv/bin/mypy services shared
+	.venv/bin/mypy services shared dev
 
 test: setup
-	.venv/bin/ruff check services shared tests
-	.venv/bin/ruff format --check services shared tests
-	.venv/bin/mypy services shared
+	.venv/bin/ruff check services shared dev tests
+	.venv/bin/ruff format --check services shared dev tests
+	.venv/bin/mypy services shared dev
 	.venv/bin/python -m pytest tests -q
 
 clean:

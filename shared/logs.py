@@ -60,7 +60,16 @@ def setup(service: str, level: str = "INFO", stream: TextIO | None = None) -> No
     root.handlers[:] = [handler]
     root.setLevel(normalize_level(level))
     # Library chatter stays at WARNING unless debugging was asked for explicitly.
-    for noisy in ("asyncio", "aiohttp", "pyroute2", "grpc", "uvicorn.access", "hpack", "kubernetes_asyncio"):
+    for noisy in (
+        "asyncio",
+        "aiohttp",
+        "pyroute2",
+        "grpc",
+        "uvicorn.access",
+        "hpack",
+        "kubernetes_asyncio",
+        "celpy",
+    ):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

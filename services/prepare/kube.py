@@ -102,28 +102,51 @@ class Kube:
         return claim
 
     async def apply_claim_devices(self, namespace: str, name: str, devices: list[dict[str, Any]]) -> bool:
-        """Server-side apply of this driver's status.devices entries (the whole set
-        this field manager owns). False when the claim no longer exists."""
-        body = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": namespace},
-            "status": {"devices": devices},
-        }
-        answer = await self._raw(
-            f"applying status of claim {namespace}/{name}",
-            self._resource.patch_namespaced_resource_claim_status(
-                name,
-                namespace,
-                body,
-                field_manager=self.field_manager,
-                force=True,
-                _content_type="application/apply-patch+yaml",
-                _request_timeout=REQUEST_TIMEOUT_S,
-                _preload_content=False,
-            ),
-        )
-        return answer is not None
+        """Make this driver's status.devices entries of the claim exactly ``devices``, keeping
+        other drivers' entries. False when the claim no longer exists.
+
+        A JSON merge patch with the claim's resourceVersion (read, modify, write; retried on a
+        conflict), not server-side apply. The API server compares the immutable
+        status.allocation byte for byte, opaque ``parameters`` included, against what it stored;
+        apply re-encodes those parameters with sorted keys, so a claim whose config keys were not
+        sorted could never get its status ("status.allocation: field is immutable", seen on a
+        real 1.34 API server). A merge patch keeps the keys' order. What no JSON write can keep
+        is whitespace: a claim created with non-compact JSON (Python clients send ``", "`` and
+        ``": "``) stores those bytes, every JSON status write sends them compacted, and the
+        server refuses it as a 422; dranet's ApplyStatus meets the same refusal. kubectl and Go
+        clients send compact JSON. See docs/differences.md.
+        """
+        what = f"writing status of claim {namespace}/{name}"
+        for _ in range(8):
+            claim = await self.get_claim(namespace, name)
+            if claim is None:
+                return False
+            current = (claim.get("status") or {}).get("devices") or []
+            wanted = [d for d in current if d.get("driver") != self.field_manager] + devices
+            if wanted == current:
+                return True
+            patch = {
+                "metadata": {"resourceVersion": claim["metadata"]["resourceVersion"]},
+                "status": {"devices": wanted or None},
+            }
+            try:
+                answer = await self._raw(
+                    what,
+                    self._resource.patch_namespaced_resource_claim_status(
+                        name,
+                        namespace,
+                        patch,
+                        _content_type="application/merge-patch+json",
+                        _request_timeout=REQUEST_TIMEOUT_S,
+                        _preload_content=False,
+                    ),
+                )
+            except KubeError as exc:
+                if exc.status == 409:  # changed since we read it: read again
+                    continue
+                raise
+            return answer is not None
+        raise KubeError(409, f"{what}: the claim kept changing; will retry")
 
     async def claim_event(self, claim: dict[str, Any], reason: str, message: str) -> None:
         """A Warning event on the claim; best effort."""

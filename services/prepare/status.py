@@ -2,9 +2,9 @@
 
 The attach service holds no Kubernetes credentials; it records what it did in
 the store. This watcher turns those records into the claim's status.devices
-(driver, pool, device, conditions, networkData) with server-side apply under
-the driver's field manager, so each driver owns only its own entries and an
-entry disappears when its result does.
+(driver, pool, device, conditions, networkData): this driver's entries are
+replaced as a whole and other drivers' entries kept (``Kube.apply_claim_devices``),
+so an entry disappears when its result does.
 """
 
 from __future__ import annotations
@@ -119,6 +119,14 @@ class ClaimStatusWriter:
                         "claim status applied", extra=log_fields(claim=f"{ns}/{name}", devices=len(devices))
                     )
                 except KubeError as exc:
+                    if exc.status == 422:
+                        # Refused as invalid: retrying the same write cannot succeed. The known
+                        # case is upstream's, see Kube.apply_claim_devices.
+                        log.warning(
+                            "claim status refused by the API server; not retried",
+                            extra=log_fields(claim=f"{ns}/{name}", error=str(exc)),
+                        )
+                        continue
                     log.warning(
                         "claim status apply failed", extra=log_fields(claim=f"{ns}/{name}", error=str(exc))
                     )

@@ -33,14 +33,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from dev.cluster.containerd import Containerd
+from dev.cluster.cri import CriClient
 from proto.dranet.store.v1 import store_pb2 as st
 from proto.nri.v1alpha1 import nri_pb2
 from services.attach.enginebridge import NetdevBridge
 from services.attach.hooks import AttachHooks
 from services.attach.netns import open_netns
 from services.attach.writer import StoreWriter
-from services.devcluster.containerd import Containerd
-from services.devcluster.cri import CriClient
 from shared.netconfig import parse_network_config
 from shared.storeclient import StoreClient
 from tests.bench.attach_netlink import BenchNic, bench_nic, configure_net1, direct_cycle, setns_socket

@@ -39,11 +39,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from kubernetes_asyncio import client
 
+from dev.cluster.procs import REPO, ServiceProcess
 from proto.dranet.inventory.v1 import inventory_pb2 as pb
 from proto.dranet.inventory.v1 import inventory_pb2_grpc
 from shared.rpc import channel
 from tests.integration.inventory.helpers import Cluster, api_link, wait_for
-from tests.support.procs import REPO, ServiceProcess
 
 NODE = "bench-node"
 # dranet's default filter shape, for a link type the namespace does not have: every

@@ -20,10 +20,10 @@ import lmdb
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from dev.cluster.procs import ServiceProcess
 from proto.dranet.store.v1 import store_pb2 as pb
 from proto.dranet.store.v1 import store_pb2_grpc
 from shared.storeclient import StoreClient
-from tests.support.procs import ServiceProcess
 
 
 def config(i: int) -> pb.DeviceConfig:

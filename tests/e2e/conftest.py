@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-
-from services.devcluster.containerd import Containerd
-from services.devcluster.cri import CriClient
 from services.devcluster.kubelet import Kubelet
 from services.devcluster.kubelet_api import KubeApi
+
+from dev.cluster.containerd import Containerd
+from dev.cluster.cri import CriClient
+from dev.cluster.procs import ServiceProcess
 from tests.integration.attach import attach_env as env
-from tests.support.procs import ServiceProcess
 from tests.support.stack import NodeStack, bounded, sh
 
 ALL_DEVICES = 'device.driver == "dra.net"'

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from services.devcluster.up import Node
+from dev.cluster.up import Node
 
 pytestmark = [pytest.mark.root, pytest.mark.netns, pytest.mark.containerd, pytest.mark.slow]
 

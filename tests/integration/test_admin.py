@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.support.procs import ServiceProcess
+from dev.cluster.procs import ServiceProcess
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dev.cluster.containerd import Containerd
+from dev.cluster.cri import CriClient, SandboxConfig
+from dev.cluster.procs import ServiceProcess
 from proto.dranet.store.v1 import store_pb2 as st
-from services.devcluster.containerd import Containerd
-from services.devcluster.cri import CriClient, SandboxConfig
 from shared.netconfig import InterfaceConfig, NetworkConfig, parse_network_config
 from shared.storeclient import StoreClient
-from tests.support.procs import ServiceProcess
 
 DRIVER = "dra.net"
 CLONE_NEWNET = 0x40000000

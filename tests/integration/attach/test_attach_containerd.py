@@ -21,11 +21,11 @@ from typing import Any
 import grpc
 import pytest
 
+from dev.cluster.containerd import Containerd, running
+from dev.cluster.cri import ContainerConfig, CriClient, stubs
 from proto.dranet.store.v1 import store_pb2 as st
 from proto.nri.v1alpha1 import nri_pb2
 from services.attach.nri.stub import NriHandlers, NriStub, StubConfig
-from services.devcluster.containerd import Containerd, running
-from services.devcluster.cri import ContainerConfig, CriClient, stubs
 from shared.storeclient import StoreClient
 from tests.integration.attach import attach_env as env
 from tests.integration.attach.attach_env import NicFactory, PodId, VethNic, World

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from dev.cluster.procs import ServiceProcess
 from proto.dranet.store.v1 import store_pb2 as st
 from proto.nri.v1alpha1 import nri_pb2
 from services.attach.engine import Attached, AttachFailed, DetachFailed, Location, ReturnState
@@ -27,7 +28,6 @@ from services.attach.writer import StoreWriter
 from shared.attachplan import container_devices
 from shared.storeclient import StoreClient
 from tests.integration.attach.attach_env import wait_for
-from tests.support.procs import ServiceProcess
 
 HOST = "host"
 

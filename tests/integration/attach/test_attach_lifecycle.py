@@ -18,9 +18,9 @@ from typing import Any
 import grpc
 import pytest
 
+from dev.cluster.containerd import Containerd
+from dev.cluster.cri import CriClient
 from proto.dranet.admin.v1 import admin_pb2, admin_pb2_grpc
-from services.devcluster.containerd import Containerd
-from services.devcluster.cri import CriClient
 from shared.storeclient import StoreClient
 from tests.integration.attach import attach_env as env
 from tests.integration.attach.attach_env import PodId, VethNic

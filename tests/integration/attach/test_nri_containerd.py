@@ -21,10 +21,10 @@ from typing import Any
 import grpc
 import pytest
 
+from dev.cluster.containerd import Containerd
+from dev.cluster.cri import ContainerConfig, CriClient, SandboxConfig
 from proto.nri.v1alpha1 import nri_pb2
 from services.attach.nri.stub import NriHandlers, NriStub, RuntimeInfo, StubConfig
-from services.devcluster.containerd import Containerd
-from services.devcluster.cri import ContainerConfig, CriClient, SandboxConfig
 
 pytestmark = [pytest.mark.containerd, pytest.mark.root]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio import client
 
+from dev.cluster.procs import ServiceProcess
 from tests.integration.inventory.helpers import Cluster, StartInventory, api_link, ip
-from tests.support.procs import ServiceProcess
 
 
 @pytest.fixture

@@ -14,9 +14,9 @@ from typing import Any
 
 from kubernetes_asyncio import client, config
 
+from dev.cluster.procs import ServiceProcess
 from proto.dranet.inventory.v1 import inventory_pb2 as pb
 from proto.dranet.inventory.v1 import inventory_pb2_grpc
-from tests.support.procs import ServiceProcess
 
 # start_inventory(ns, *flags, publish=False) -> the started process (a fixture in conftest).
 StartInventory = Callable[..., ServiceProcess]

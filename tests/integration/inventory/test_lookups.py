@@ -9,12 +9,12 @@ from pathlib import Path
 import grpc
 import pytest
 
+from dev.cluster.procs import REPO
 from proto.dranet.admin.v1 import admin_pb2, admin_pb2_grpc
 from proto.dranet.inventory.v1 import inventory_pb2 as pb
 from proto.dranet.inventory.v1 import inventory_pb2_grpc
 from shared.rpc import channel
 from tests.integration.inventory.helpers import StartInventory, ip, values, wait_devices
-from tests.support.procs import REPO
 
 pytestmark = [pytest.mark.netns, pytest.mark.root]
 

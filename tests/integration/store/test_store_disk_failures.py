@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from dev.cluster.procs import ServiceProcess
 from shared.storeclient import StoreCallError, StoreClient
 from tests.integration.store.test_store_process import make_config
-from tests.support.procs import ServiceProcess
 
 pytestmark = pytest.mark.root
 

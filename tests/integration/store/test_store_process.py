@@ -15,10 +15,10 @@ from pathlib import Path
 import grpc
 import pytest
 
+from dev.cluster.procs import ServiceProcess
 from proto.dranet.store.v1 import store_pb2 as pb
 from proto.dranet.store.v1 import store_pb2_grpc
 from shared.storeclient import StoreCallError, StoreClient
-from tests.support.procs import ServiceProcess
 
 
 def make_config(pod: str, device: str, claim: str = "claim-1", payload: str = "") -> pb.DeviceConfig:

@@ -17,9 +17,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from services.devcluster import containerd as ctrd
-from services.devcluster.containerd import Containerd
-from services.devcluster.cri import ContainerConfig, CriClient, SandboxConfig
+from dev.cluster import containerd as ctrd
+from dev.cluster.containerd import Containerd
+from dev.cluster.cri import ContainerConfig, CriClient, SandboxConfig
 from tests.fixtures_runtime import exists, is_netns_mount, mounted_under
 
 pytestmark = [pytest.mark.containerd, pytest.mark.root]
@@ -164,7 +164,7 @@ def test_instance_of_a_killed_owner_is_reaped() -> None:
     on this host cleans them up."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.devcluster.containerd", "run"],
+        [sys.executable, "-m", "dev.cluster.containerd", "run"],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,

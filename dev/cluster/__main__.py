@@ -1,4 +1,4 @@
-"""``python -m services.devcluster up``: run dranet on this host against the
+"""``python -m dev.cluster up``: run dranet on this host against the
 development control plane (the README's first command)."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from services.devcluster import up
+from dev.cluster import up
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m services.devcluster", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m dev.cluster", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     up.add_arguments(
         sub.add_parser("up", help="run the driver's services and the control plane until Ctrl-C")

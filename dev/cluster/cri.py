@@ -22,7 +22,7 @@ from typing import Any
 
 import grpc
 
-from services.devcluster.cri_install import PAUSE_IMAGE, STUB_PACKAGE, RuntimeCache
+from dev.cluster.cri_install import PAUSE_IMAGE, STUB_PACKAGE, RuntimeCache
 
 __all__ = [
     "PAUSE_IMAGE",
@@ -45,9 +45,7 @@ def stubs(cache: RuntimeCache | None = None) -> tuple[Any, Any]:
     with _lock:
         if top not in _loaded:
             if not (top / STUB_PACKAGE / "api_pb2.py").exists():
-                raise FileNotFoundError(
-                    f"CRI stubs missing under {top}; run services/devcluster/install_runtime.sh"
-                )
+                raise FileNotFoundError(f"CRI stubs missing under {top}; run dev/cluster/install_runtime.sh")
             if str(top) not in sys.path:
                 sys.path.append(str(top))
             pb = importlib.import_module(f"{STUB_PACKAGE}.api_pb2")

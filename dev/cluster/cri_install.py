@@ -3,11 +3,11 @@
 Called by ``install_runtime.sh`` after it unpacked containerd and the CRI api.proto (Debian trixie)
 into ``<cache>/root``:
 
-    python -m services.devcluster.cri_install <cache>
+    python -m dev.cluster.cri_install <cache>
 
 - ``<cache>/cri/py/cri_runtime_v1/api_pb2*.py``: stubs generated from the upstream api.proto with
   its gogo import and gogo options removed (Go-only; they do not change the wire format). Nothing
-  generated or upstream is committed; ``services.devcluster.cri`` imports them from the cache.
+  generated or upstream is committed; ``dev.cluster.cri`` imports them from the cache.
 - ``<cache>/pause/pause.tar``: an OCI image layout holding one static binary built from ``pause.c``,
   named ``docker.io/local/pause:1``, so pods start without any registry.
 """
@@ -224,7 +224,7 @@ def build_pause_image(cache: Path) -> Path:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m services.devcluster.cri_install <cache-dir>", file=sys.stderr)
+        print("usage: python -m dev.cluster.cri_install <cache-dir>", file=sys.stderr)
         return 2
     cache = Path(argv[0]).resolve()
     generate_stubs(cache)

@@ -11,8 +11,8 @@ The binaries and the pause image come from the runtime cache built by ``install_
 The methods here block (subprocesses, netlink, a blocking gRPC channel); from asyncio code use the
 ``a*`` variants, which run them in a worker thread.
 
-    python -m services.devcluster.containerd install [--cache DIR]   # = install_runtime.sh
-    python -m services.devcluster.containerd run [--workdir DIR]      # start one, print its sockets
+    python -m dev.cluster.containerd install [--cache DIR]   # = install_runtime.sh
+    python -m dev.cluster.containerd run [--workdir DIR]      # start one, print its sockets
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from typing import Any
 
 import grpc
 
-from services.devcluster import cri
-from services.devcluster.cri_install import CNI_BIN_DIR, INSTALL_SCRIPT, PAUSE_IMAGE, RUNC, RuntimeCache
+from dev.cluster import cri
+from dev.cluster.cri_install import CNI_BIN_DIR, INSTALL_SCRIPT, PAUSE_IMAGE, RUNC, RuntimeCache
 
 log = logging.getLogger(__name__)
 
@@ -714,7 +714,7 @@ def running(workdir: Path | None = None, cache: RuntimeCache | None = None) -> I
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m services.devcluster.containerd")
+    ap = argparse.ArgumentParser(prog="python -m dev.cluster.containerd")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p_inst = sub.add_parser("install", help="install containerd, runc, CNI plugins, CRI stubs, pause image")
     p_inst.add_argument("--cache", type=Path, default=RuntimeCache.default().dir)

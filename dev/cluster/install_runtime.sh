@@ -2,7 +2,7 @@
 # Install the real container runtime the development control plane and the tests use, into a
 # project-local cache (default <repo>/.cache/runtime). Idempotent; a no-op when already done.
 #
-#   services/devcluster/install_runtime.sh [CACHE_DIR]
+#   dev/cluster/install_runtime.sh [CACHE_DIR]
 #
 # What it does (see ../shared/reference/real-runtime.md for why each piece):
 #   - apt-get install (bookworm, the system sources): runc containernetworking-plugins gcc libc6-dev,
@@ -10,7 +10,7 @@
 #   - containerd 1.7 and the CRI api.proto from Debian trixie through a PRIVATE apt configuration under
 #     CACHE_DIR/apt (the system's apt sources, lists and caches are never touched), unpacked with
 #     dpkg -x into CACHE_DIR/root (containerd needs only libc).
-#   - Python CRI stubs and the static pause image: `python -m services.devcluster.cri_install`.
+#   - Python CRI stubs and the static pause image: `python -m dev.cluster.cri_install`.
 #
 # Needs root (apt-get), the Debian archive keyring and network access to the Debian archive only.
 # PYTHON (default <repo>/.venv/bin/python) must have grpcio-tools installed.
@@ -93,7 +93,7 @@ case $version in
 esac
 
 # --- CRI stubs and the pause image ------------------------------------------------------------
-(cd "$REPO" && "$PY" -m services.devcluster.cri_install "$CACHE")
+(cd "$REPO" && "$PY" -m dev.cluster.cri_install "$CACHE")
 
 want_stamp > "$STAMP"
 log "ready: containerd $version, runc $(runc --version | awk 'NR==1{print $3}') in $CACHE"
