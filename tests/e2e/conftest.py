@@ -1,113 +1,93 @@
-"""The whole dev cluster for end-to-end tests with a real runtime: a private
-containerd with NRI, the API server double and allocator, the kubelet emulator,
-and dranet's four services as real processes, the node being a network
-namespace that holds veth "NICs" (inventory and attach run inside it)."""
+"""End-to-end tests on the real cluster: the session's KubeCluster (etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler, containerd with NRI, the kubelet) and dranet's four
+services as real processes beside it (``dev.cluster.driver.Driver``).
+
+- ``driver``: the four services for one test module, started once for it. A module may set
+  ``DRIVER_ARGS = {"inventory_args": [...], "prepare_args": [...], "attach_args": [...]}`` or
+  override the fixture (for example to start a fake metadata server first). Only one driver
+  serves the node at a time (one ``dra.net`` plugin, one NRI plugin), as on a real node.
+- ``kube`` (from tests/fixtures_cluster.py): a fresh namespace per test, deleted with its Pods.
+- ``node``: the pair, for tests that need both.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import json
-from collections.abc import AsyncIterator
+import secrets
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from services.devcluster.kubelet import Kubelet
-from services.devcluster.kubelet_api import KubeApi
 
-from dev.cluster.containerd import Containerd
-from dev.cluster.cri import CriClient
-from dev.cluster.procs import ServiceProcess
-from tests.integration.attach import attach_env as env
-from tests.support.stack import NodeStack, bounded, sh
-
-ALL_DEVICES = 'device.driver == "dra.net"'
+from dev.cluster.driver import Driver
+from dev.cluster.kube import KubeCluster
+from proto.dranet.store.v1 import store_pb2 as st
+from shared.storeclient import StoreClient
+from tests.support.kube import Kube
 
 
-def on(name: str) -> str:
-    return f'device.driver == "dra.net" && device.attributes["dra.net"].ifName == "{name}"'
+def start_driver(cluster: KubeCluster, **kw: Any) -> Driver:
+    d = Driver(cluster, workdir=cluster.state / f"driver-{secrets.token_hex(3)}", **kw)
+    try:
+        d.start()
+    except BaseException:
+        print(d.logs())
+        d.stop()
+        raise
+    return d
+
+
+def stop_driver(cluster: KubeCluster, d: Driver) -> None:
+    # Pods go while attach runs, so their devices come back before the services stop.
+    cluster.delete_pods()
+    d.stop()
+
+
+@pytest.fixture(scope="module")
+def driver(kube_cluster: KubeCluster, request: pytest.FixtureRequest) -> Iterator[Driver]:
+    d = start_driver(kube_cluster, **getattr(request.module, "DRIVER_ARGS", {}))
+    try:
+        yield d
+    except BaseException:
+        print(d.logs())
+        raise
+    finally:
+        stop_driver(kube_cluster, d)
 
 
 @dataclass
-class Peer:
-    """The far end of a node NIC, in a netns of its own, with an address."""
+class Node:
+    kube: Kube
+    driver: Driver
 
-    netns: str
-    name: str
-    ip: str
-    mac: str
+    @property
+    def cluster(self) -> KubeCluster:
+        return self.kube.c
 
+    def store(self) -> StoreClient:
+        """A client of the driver's store (close it, or use ``async with``)."""
+        return StoreClient(self.driver.run_dir / "store.sock")
 
-@dataclass
-class Cluster:
-    node: NodeStack
-    ctrd: Containerd
-    kubelet: Kubelet
-    attach: ServiceProcess
-
-    def add_nic(self, name: str, subnet: int) -> Peer:
-        peer_link = self.node.add_nic(name)
-        peer_ns = f"{self.node.netns}-p{subnet}"
-        sh("ip", "netns", "add", peer_ns)
-        sh("ip", "link", "set", peer_link, "netns", peer_ns)
-        sh("ip", "-n", peer_ns, "addr", "add", f"10.77.{subnet}.1/24", "dev", peer_link)
-        sh("ip", "-n", peer_ns, "link", "set", peer_link, "up")
-        mac = json.loads(sh("ip", "-j", "-n", peer_ns, "link", "show", peer_link).stdout)[0]["address"]
-        return Peer(peer_ns, peer_link, f"10.77.{subnet}.1", mac)
-
-    def node_link(self, name: str) -> dict[str, Any] | None:
-        res = sh("ip", "-j", "-n", self.node.netns, "link", "show", name, check=False)
-        return json.loads(res.stdout)[0] if res.returncode == 0 else None
-
-    async def claim_status(self, name: str) -> dict[str, Any]:
-        resp = await self.node.resource.read_namespaced_resource_claim(
-            name, "default", _preload_content=False
-        )
-        status: dict[str, Any] = json.loads(await resp.read()).get("status") or {}
-        return status
+    async def stored(self, claim_uid: str) -> list[st.DeviceConfig]:
+        """The DeviceConfigs the store holds for a claim."""
+        store = self.store()
+        try:
+            return list((await store.list(claim_uid=claim_uid)).devices)
+        finally:
+            await store.close()
 
 
 @pytest.fixture
-async def cluster(containerd_private: Containerd) -> AsyncIterator[Cluster]:
-    ctrd = containerd_private
-    node = NodeStack(inventory_args=["--filter", ""])
-    kubelet: Kubelet | None = None
-    api: KubeApi | None = None
-    try:
-        await node.start()
-        # The node's layout: its run dir is <workdir>/run.
-        attach = env.attach_process(node.workdir, ctrd.nri_socket, netns=node.netns)
-        node.procs["attach"] = attach
-        await asyncio.to_thread(attach.start)
-        assert node.store is not None
-        await env.wait_liveness(node.store, connected=True)
-        assert node.api is not None
-        api = await KubeApi.from_kubeconfig(node.api.kubeconfig_path)
-        cri = CriClient(ctrd.grpc_socket)
-        kubelet = Kubelet(
-            node.node_name,
-            node.kubelet_dir,
-            cri,
-            api=api,
-            backoff_initial=0.2,
-            backoff_max=1.0,
-            wipe_slices=False,
-            on_netns=ctrd.note_netns,
-        )
-        await kubelet.start()
-        c = Cluster(node, ctrd, kubelet, attach)
-        yield c
-        # Pods go while attach runs, so the NICs come back to the node.
-        await asyncio.to_thread(ctrd.remove_all_pods)
-    except BaseException:
-        print(node.logs())
-        raise
-    finally:
-        if kubelet is not None:
-            await bounded("kubelet emulator", kubelet.stop())
-            await bounded("CRI client", kubelet.runtime.close())
-        if api is not None:
-            await bounded("kubelet API client", api.close())
-        await node.stop()
-        for i in range(4):
-            sh("ip", "netns", "del", f"{node.netns}-p{i}", check=False)
+def node(kube: Kube, driver: Driver, request: pytest.FixtureRequest) -> Iterator[Node]:
+    yield Node(kube, driver)
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        print(driver.logs())  # shown with the failure
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    rep = yield
+    if rep.when == "call":
+        item.rep_call = rep  # type: ignore[attr-defined]
+    return rep
