@@ -712,9 +712,8 @@ class AttachHooks(NriHandlers):
             self._recovered.set()
         log.info(
             "recovery done",
-            extra=log_fields(
-                seconds=round(time.monotonic() - t0, 3), lost=len(report.lost) or None, **report.counts
-            ),
+            # counts has "lost" (one per lost device) with the other outcomes.
+            extra=log_fields(seconds=round(time.monotonic() - t0, 3), **report.counts),
         )
 
     def _lost(self, report: RecoveryReport, uid: str, held: Held, pod: str, netns: str, live: bool) -> None:

@@ -41,6 +41,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     log.info("store ready", extra={"socket": sock, "db_dir": args.db_dir, "revision": db.revision})
     await stop.wait()
     log.info("store stopping")
+    await store.end_streams()
     await server.stop(grace=2.0)
     store.close()
     db.close()

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -26,6 +26,14 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 WATCH_QUEUE = 4096
+
+
+class _Closed:
+    """What a stream step returns instead of a value once the store is stopping."""
+
+
+_CLOSED = _Closed()
+R = TypeVar("R")
 
 
 class _Watcher:
@@ -95,6 +103,49 @@ class StoreService(store_pb2_grpc.PodConfigStoreServicer):
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-writer")
         self._watchers: set[_Watcher] = set()
         self.liveness = Liveness()
+        self._closing = asyncio.Event()
+        self._open_streams = 0
+        self._streams_ended = asyncio.Event()
+
+    async def end_streams(self, within: float = 2.0) -> None:
+        """End every Watch, Session and ReportLiveness stream from our side, as finished calls.
+        Called before the gRPC server stops: a stream still open then is cancelled by grpc,
+        which logs it as an unhandled CancelledError traceback."""
+        self._closing.set()
+        for w in list(self._watchers):
+            with contextlib.suppress(asyncio.QueueFull):
+                w.queue.put_nowait(None)
+        if self._open_streams:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._streams_ended.wait(), within)
+
+    @contextlib.contextmanager
+    def _stream(self) -> Iterator[None]:
+        self._open_streams += 1
+        self._streams_ended.clear()
+        try:
+            yield
+        finally:
+            self._open_streams -= 1
+            if not self._open_streams:
+                self._streams_ended.set()
+
+    async def _unless_closing(self, step: Awaitable[R]) -> R | _Closed:
+        """``await step``, or _CLOSED as soon as the store is stopping (the step is cancelled)."""
+        if self._closing.is_set():
+            return _CLOSED
+        task = asyncio.ensure_future(step)
+        closing = asyncio.ensure_future(self._closing.wait())
+        try:
+            await asyncio.wait((task, closing), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closing.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        return _CLOSED
 
     def close(self) -> None:
         self._writer.shutdown(wait=True)
@@ -204,10 +255,15 @@ class StoreService(store_pb2_grpc.PodConfigStoreServicer):
         self, request_iterator: AsyncIterator[pb.LivenessReport], context: Any
     ) -> pb.LivenessAck:
         stream = self.liveness.open()
+        reports = request_iterator.__aiter__()
         try:
-            async for report in request_iterator:
-                self._liveness_changed(self.liveness.update(stream, report))
-        except (asyncio.CancelledError, grpc.aio.AioRpcError):
+            with self._stream():
+                while True:
+                    report = await self._unless_closing(reports.__anext__())
+                    if isinstance(report, _Closed):
+                        break
+                    self._liveness_changed(self.liveness.update(stream, report))
+        except (StopAsyncIteration, asyncio.CancelledError, grpc.aio.AioRpcError):
             pass
         finally:
             # The stream ended: the attach process stopped or died.
@@ -227,9 +283,13 @@ class StoreService(store_pb2_grpc.PodConfigStoreServicer):
 
     async def Watch(self, request: pb.WatchRequest, context: Any) -> AsyncIterator[pb.WatchEvent]:
         w = _Watcher()
+        if self._closing.is_set():
+            return
         # Register before the snapshot so nothing committed after it is missed; a
         # change seen in both is harmless (puts are idempotent for watchers).
         self._watchers.add(w)
+        self._open_streams += 1
+        self._streams_ended.clear()
         try:
             if request.initial:
                 revision = self.db.revision
@@ -250,6 +310,9 @@ class StoreService(store_pb2_grpc.PodConfigStoreServicer):
                 yield ev
         finally:
             self._watchers.discard(w)
+            self._open_streams -= 1
+            if not self._open_streams:
+                self._streams_ended.set()
 
     # --- sessions -----------------------------------------------------------------------
 
@@ -268,20 +331,30 @@ class StoreService(store_pb2_grpc.PodConfigStoreServicer):
                 await send(await self._session_call(req))
 
         try:
-            while True:
-                req = await context.read()
-                if req is grpc.aio.EOF:
-                    break
-                if req.WhichOneof("op") in ("get_device", "get_pod", "list", "get_liveness"):
-                    # Reads come from memory: answer inline.
-                    await send(await self._session_call(req))
-                    continue
-                t = asyncio.create_task(handle(req))
-                pending.add(t)
-                t.add_done_callback(pending.discard)
+            with self._stream():
+                await self._session_loop(context, send, handle, pending)
         finally:
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _session_loop(
+        self,
+        context: Any,
+        send: Callable[[pb.SessionResponse], Awaitable[None]],
+        handle: Callable[[pb.SessionRequest], Coroutine[Any, Any, None]],
+        pending: set[asyncio.Task[None]],
+    ) -> None:
+        while True:
+            req = await self._unless_closing(context.read())
+            if req is grpc.aio.EOF or isinstance(req, _Closed):
+                return
+            if req.WhichOneof("op") in ("get_device", "get_pod", "list", "get_liveness"):
+                # Reads come from memory: answer inline.
+                await send(await self._session_call(req))
+                continue
+            t = asyncio.create_task(handle(req))
+            pending.add(t)
+            t.add_done_callback(pending.discard)
 
     async def _session_call(self, req: pb.SessionRequest) -> pb.SessionResponse:
         resp = pb.SessionResponse(id=req.id)

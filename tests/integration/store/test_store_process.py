@@ -302,3 +302,38 @@ async def test_sigkill_at_random_moments_loses_no_acknowledged_write(tmp_path: P
         stop.set()
         task.cancel()
         proc.stop()
+
+
+async def test_sigterm_with_open_streams_stops_cleanly(tmp_path: Path) -> None:
+    """A stop while clients hold a Watch, a Session and a ReportLiveness stream (as when the
+    whole pod stops at once): the store ends them itself; no ERROR line, no traceback, exit 0."""
+    proc = store_proc(tmp_path).start()
+    client = StoreClient(proc.socket)
+    seen: list[pb.WatchEvent] = []
+
+    async def watch() -> None:
+        async for ev in client.watch(initial=True):
+            seen.append(ev)
+
+    async def reports():  # type: ignore[no-untyped-def]
+        yield pb.LivenessReport(connected=True, runtime_name="test", instance="i-1")
+        await asyncio.sleep(60)
+
+    tasks = [asyncio.create_task(watch()), asyncio.create_task(client.hold_liveness(reports()))]
+    try:
+        await client.put_devices([make_config("p1", "eth1")])  # opens the Session
+        deadline = time.monotonic() + 10
+        while not (await client.get_liveness()).connected:
+            assert time.monotonic() < deadline, "liveness never reported"
+            await asyncio.sleep(0.05)
+        assert any(ev.type == pb.WatchEvent.SYNCED for ev in seen)
+        t0 = time.monotonic()
+        assert proc.stop(timeout=10) == 0
+        assert time.monotonic() - t0 < 5
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await client.close()
+    log = proc.log()
+    assert '"level": "ERROR"' not in log and "Traceback" not in log, log
