@@ -8,7 +8,10 @@ bound to the chart's ClusterRole; attach and store hold no Kubernetes credential
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import shutil
+import signal
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -93,7 +96,23 @@ class Driver:
     def start_one(self, name: str, timeout: float = 30.0) -> ServiceProcess:
         proc = self.process(name)
         self.procs[name] = proc
-        return proc.start(timeout)
+        proc.start(timeout)
+        # For reap_stale, should this run be killed before it stops them.
+        pids = {n: p.pid for n, p in self.procs.items() if p.proc is not None}
+        (self.workdir / "driver.json").write_text(json.dumps({"pids": pids}))
+        return proc
+
+    @staticmethod
+    def reap_stale(workdir: Path) -> None:
+        """SIGKILL the services of a run in ``workdir`` that was killed before its stop."""
+        try:
+            pids = json.loads((workdir / "driver.json").read_text())["pids"]
+        except (OSError, ValueError, KeyError):
+            return
+        for pid in pids.values():
+            with contextlib.suppress(OSError):
+                if "services." in Path(f"/proc/{pid}/cmdline").read_text(errors="replace"):
+                    os.kill(int(pid), signal.SIGKILL)
 
     def restart(self, name: str, kill: bool = False) -> ServiceProcess:
         old = self.procs[name]

@@ -500,6 +500,7 @@ class KubeCluster:
         for d in (self.state, self.logs, self.kubelet_dir):
             d.mkdir(parents=True, exist_ok=True)
         self.net.create()
+        self._record()
         self._make_pki()
         self._start_etcd()
         self._start_apiserver(timeout)
@@ -538,7 +539,42 @@ class KubeCluster:
         p = Proc(name, argv, self.logs / f"{name}.log").start()
         self.procs[name] = p
         self.started_at[name] = time.monotonic()
+        self._record()
         return p
+
+    def _record(self) -> None:
+        """What a later run needs to clean up if this one is killed (``reap_stale``)."""
+        rec = {
+            "pids": {n: p.popen.pid for n, p in self.procs.items() if p.popen is not None},
+            "netns": self.net.netns,
+            "host_link": self.net.host_link,
+            "cgroup": self.cgroup_name,
+            "kubelet_dir": str(self.kubelet_dir),
+        }
+        (self.state / "cluster.json").write_text(json.dumps(rec))
+
+    @staticmethod
+    def reap_stale(state_dir: str | os.PathLike[str]) -> bool:
+        """Clean up after a run in ``state_dir`` that was killed before its stop: its
+        processes, mounts, network namespace, link and cgroups. True if there was one."""
+        path = Path(state_dir) / "cluster.json"
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return False
+        for pid in rec.get("pids", {}).values():
+            with contextlib.suppress(OSError):
+                if str(CACHE) in Path(f"/proc/{pid}/cmdline").read_text(
+                    errors="replace"
+                ) or "unshare" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace"):
+                    os.kill(int(pid), signal.SIGKILL)
+        _umount_tree(Path(rec.get("kubelet_dir", Path(state_dir) / "kubelet")))
+        sh("ip", "netns", "del", rec.get("netns", ""), check=False)
+        sh("ip", "link", "del", rec.get("host_link", ""), check=False)
+        for d in _cgroup_dirs(rec.get("cgroup", "")) if rec.get("cgroup") else []:
+            _remove_cgroup_tree(d)
+        path.unlink(missing_ok=True)
+        return True
 
     def _start_etcd(self) -> None:
         client, peer = free_port("127.0.0.1"), free_port("127.0.0.1")
@@ -771,6 +807,7 @@ class KubeCluster:
             _remove_cgroup_tree(d)
         self._remove_container_log_links()
         self.net.delete()
+        (self.state / "cluster.json").unlink(missing_ok=True)
         if self.host_sysctls:
             self._check_host_sysctls()
 

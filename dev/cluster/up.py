@@ -51,6 +51,9 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     build()
     state = Path(args.state_dir).resolve()
+    Driver.reap_stale(state / "driver")
+    if KubeCluster.reap_stale(state):
+        say(f"cleaned up after an earlier run in {state} that did not stop")
     if state.exists():
         shutil.rmtree(state)  # a fresh cluster each run: certificates, etcd, logs
     stop = threading.Event()
