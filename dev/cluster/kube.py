@@ -27,12 +27,14 @@ The methods block (subprocesses, polling); asyncio callers run them in a worker 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import http.client
 import ipaddress
 import json
 import os
 import secrets
 import shlex
+import shutil
 import signal
 import socket
 import ssl
@@ -64,7 +66,8 @@ KUBELET_SYSCTLS = (
 LINK_RANGE = ipaddress.IPv4Network("198.19.192.0/18")
 SERVICE_CIDR = "10.0.0.0/24"
 # The kubelet links every container's log here (a path it does not let one configure).
-CONTAINER_LOGS = Path("/var/log/containers")  # allocated from, never routed: there is no kube-proxy here
+CONTAINER_LOGS = Path("/var/log/containers")
+LOCK_DIR = Path("/run/dranet-dev")  # allocated from, never routed: there is no kube-proxy here
 
 
 class ClusterError(RuntimeError):
@@ -294,11 +297,10 @@ class Rest:
 class NodeNet:
     """The node's network namespace and its veth link to the host (``host_ip`` <-> ``node_ip``)."""
 
-    def __init__(self, netns: str, subnet: ipaddress.IPv4Network) -> None:
+    def __init__(self, netns: str) -> None:
         self.netns = netns
-        hosts = list(subnet.hosts())
-        self.host_ip, self.node_ip = str(hosts[0]), str(hosts[1])
-        self.prefix = subnet.prefixlen
+        self.host_ip = self.node_ip = ""
+        self.prefix = 30
         self.host_link = f"dk{secrets.token_hex(3)}"
 
     @staticmethod
@@ -316,6 +318,17 @@ class NodeNet:
         raise ClusterError(f"no free /30 in {LINK_RANGE} for the node's API link")
 
     def create(self) -> None:
+        """The namespace and the link; the /30 is picked and its address added under a host-wide
+        lock, so two clusters starting at once never take the same one."""
+        LOCK_DIR.mkdir(parents=True, exist_ok=True)
+        with open(LOCK_DIR / "link.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            subnet = NodeNet.pick_subnet()
+            hosts = list(subnet.hosts())
+            self.host_ip, self.node_ip = str(hosts[0]), str(hosts[1])
+            self._create()
+
+    def _create(self) -> None:
         sh("ip", "netns", "del", self.netns, check=False)
         sh("ip", "netns", "add", self.netns)
         sh("ip", "-n", self.netns, "link", "set", "lo", "up")
@@ -367,11 +380,14 @@ class NodeNet:
     def link(self, netns: str) -> str:
         """A veth from the host into another namespace ``netns`` with a route to ``host_ip``, so
         a process there reaches the API server; returns the address it has in ``netns``."""
-        sub = NodeNet.pick_subnet()
-        a, b = (str(h) for h in sub.hosts())
         name = f"dl{secrets.token_hex(3)}"
-        sh("ip", "link", "add", name, "type", "veth", "peer", "name", "apilink", "netns", netns)
-        sh("ip", "addr", "add", f"{a}/30", "dev", name)
+        LOCK_DIR.mkdir(parents=True, exist_ok=True)
+        with open(LOCK_DIR / "link.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            sub = NodeNet.pick_subnet()
+            a, b = (str(h) for h in sub.hosts())
+            sh("ip", "link", "add", name, "type", "veth", "peer", "name", "apilink", "netns", netns)
+            sh("ip", "addr", "add", f"{a}/30", "dev", name)
         sh("ip", "link", "set", name, "up")
         sh("ip", "-n", netns, "addr", "add", f"{b}/30", "dev", "apilink")
         sh("ip", "-n", netns, "link", "set", "apilink", "up")
@@ -431,12 +447,13 @@ class KubeCluster:
         netns: str | None = None,
     ) -> None:
         # Short paths: AF_UNIX socket paths under the kubelet root dir must stay < 108 bytes.
+        self._own_state = state_dir is None
         self.state = Path(state_dir or tempfile.mkdtemp(prefix="dnk-", dir="/tmp")).resolve()
         self.node_name = node_name
         v = versions()
         self.kube_version, self.etcd_version = v["KUBE_VERSION"], v["ETCD_VERSION"]
         self.pki = Pki(self.state / "pki")
-        self.net = NodeNet(netns or f"dnode-{secrets.token_hex(2)}", NodeNet.pick_subnet())
+        self.net = NodeNet(netns or f"dnode-{secrets.token_hex(2)}")
         self.kubelet_dir = self.state / "kubelet"
         self.logs = self.state / "logs"
         self.procs: dict[str, Proc] = {}
@@ -739,6 +756,23 @@ class KubeCluster:
         script = " && ".join(["mount --make-rprivate /proc", *binds, "exec " + shlex.join(kubelet)])
         self._proc("kubelet", ["unshare", "-m", "--propagation", "unchanged", "sh", "-c", script])
 
+    def restart_apiserver(self, down_s: float = 0.0, timeout: float = 60.0) -> None:
+        """Stop kube-apiserver, stay down ``down_s`` seconds, start it again on the same port."""
+        p = self.procs["kube-apiserver"]
+        p.stop()
+        time.sleep(down_s)
+        p.start()
+        self._record()
+        deadline = time.monotonic() + timeout
+        while True:
+            p.check()
+            with contextlib.suppress(OSError, ClusterError, http.client.HTTPException):
+                self.api.call("GET", "/readyz")
+                return
+            if time.monotonic() > deadline:
+                raise ClusterError(f"kube-apiserver not ready again in {timeout}s:\n{p.log_tail()}")
+            time.sleep(0.2)
+
     def restart_kubelet(self, kill: bool = False) -> None:
         p = self.procs["kubelet"]
         p.kill() if kill else p.stop()
@@ -808,6 +842,8 @@ class KubeCluster:
         self._remove_container_log_links()
         self.net.delete()
         (self.state / "cluster.json").unlink(missing_ok=True)
+        if self._own_state and not _mounts_under(self.state):
+            shutil.rmtree(self.state, ignore_errors=True)
         if self.host_sysctls:
             self._check_host_sysctls()
 

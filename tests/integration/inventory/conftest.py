@@ -1,4 +1,5 @@
-"""Fixtures: a throw-away network namespace and the inventory running inside it."""
+"""Fixtures: a throw-away network namespace, the inventory running inside it, and a Node of
+the session's real cluster (``kube_cluster``) reachable from inside it."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from kubernetes_asyncio import client
 
+from dev.cluster.kube import KubeCluster
 from dev.cluster.procs import ServiceProcess
-from tests.integration.inventory.helpers import Cluster, StartInventory, api_link, ip
+from tests.integration.inventory.helpers import Cluster, StartInventory, ip
 
 
 @pytest.fixture
@@ -42,9 +43,9 @@ def start_inventory(workdir: Path) -> Iterator[StartInventory]:
     """Start ``python -m services.inventory`` in a netns; stopped (SIGTERM) after the test."""
     procs: list[ServiceProcess] = []
 
-    def start(ns: str, *args: str, publish: bool = False) -> ServiceProcess:
+    def start(ns: str, *args: str, publish: bool = False, node: str = "node-a") -> ServiceProcess:
         run = workdir / "run"
-        base = ["--run-dir", str(run), "--node-name", "node-a", "--cloud-provider-hint", "NONE"]
+        base = ["--run-dir", str(run), "--node-name", node, "--cloud-provider-hint", "NONE"]
         base += ["--min-poll-interval", "200ms", "--log-level", "DEBUG"]
         if not publish:
             base.append("--no-publish")
@@ -56,7 +57,7 @@ def start_inventory(workdir: Path) -> Iterator[StartInventory]:
             netns=ns,
         )
         procs.append(proc)
-        return proc.start()
+        return proc.start(timeout=60)
 
     try:
         yield start
@@ -65,16 +66,24 @@ def start_inventory(workdir: Path) -> Iterator[StartInventory]:
             p.stop()
 
 
+@pytest.fixture(scope="session")
+def inventory_kubeconfig(kube_cluster: KubeCluster) -> Path:
+    """The identity the inventory has in production: ServiceAccount dranet-inventory bound to
+    the chart's ClusterRole (a missing permission shows as a failed publish)."""
+    return kube_cluster.service_identity("inventory")
+
+
 @pytest.fixture
-async def cluster(netns: str, workdir: Path) -> AsyncIterator[Cluster]:
-    """The API server with Node node-a in it."""
-    c = Cluster(workdir / "api", api_link(netns))
+async def cluster(
+    netns: str, kube_cluster: KubeCluster, inventory_kubeconfig: Path
+) -> AsyncIterator[Cluster]:
+    """A Node of its own (``cluster.node``, unique per test) on the session's cluster, whose
+    API server the namespace reaches; the node's slices watched from before the test starts.
+    Afterwards its slices and the Node are deleted and the API server is running."""
+    kube_cluster.net.link(netns)
+    c = Cluster(kube_cluster, f"inv-{secrets.token_hex(4)}", inventory_kubeconfig)
     await c.start()
     try:
-        await client.CoreV1Api(c.client).create_node(
-            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}}
-        )
         yield c
     finally:
-        await c.client.close()
-        await c.stop()
+        await c.close()
