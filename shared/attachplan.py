@@ -584,9 +584,11 @@ def plan_attach(spec: DeviceSpec, netns: str, seen: AttachObservation) -> Attach
         return _plan_rdma_only(spec, netns)
     itf = spec.pod.interface
     if itf.dhcp and not itf.addresses:
+        # Prepare stores the lease as interface.addresses (services/prepare/dhcp.py); a
+        # record without one was not prepared by it: never start the Pod unaddressed.
         raise PlanError(
-            f"device {spec.device}: interface.dhcp is set but no leased address was stored "
-            "(prepare runs DHCP on the host and stores the lease as addresses)"
+            f"device {spec.device}: interface.dhcp is set but the stored config holds no "
+            "leased address (prepare stores the DHCP lease as interface.addresses)"
         )
     if spec.kind == DeviceKind.IPVLAN:
         return _plan_ipvlan(spec, netns, seen)

@@ -71,6 +71,8 @@ class Driver:
             "--node-name", c.node_name,
             "--kubeconfig", str(self.kubeconfigs["prepare"]),
             "--kubelet-root-dir", str(c.kubelet_dir),
+            # DHCP (interface.dhcp) runs on the NIC where it is: in the node's namespace.
+            "--device-netns", f"/var/run/netns/{c.netns}",
             *self.extra["prepare"],
         ], None  # fmt: skip
 

@@ -10,6 +10,7 @@ import os
 import socket
 from pathlib import Path
 
+from services.prepare.dhcp import DEFAULT_TIMEOUT_S, DhcpClient
 from services.prepare.inventory_client import InventoryClient
 from services.prepare.kube import Kube
 from services.prepare.pipeline import Preparer
@@ -42,6 +43,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="prepare even when the attach service is not connected to the runtime (tests only)",
     )
+    p.add_argument(
+        "--device-netns",
+        default=os.environ.get("DRANET_DEVICE_NETNS", ""),
+        help="the network namespace (a path, e.g. /var/run/netns/node) holding the devices the "
+        "inventory publishes, where interface.dhcp leases are taken; empty: prepare's own "
+        "(the DaemonSet pod is hostNetwork)",
+    )
+    p.add_argument(
+        "--dhcp-timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help="seconds one DHCP exchange (interface.dhcp) may take before the claim fails (dranet: 5)",
+    )
     return p.parse_args(argv)
 
 
@@ -52,7 +66,13 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     store = StoreClient(args.store_socket or service.socket_path(run_dir, "store"))
     inventory = InventoryClient(args.inventory_socket or service.socket_path(run_dir, "inventory"))
     preparer = Preparer(
-        args.driver_name, args.node_name, kube, inventory, store, require_attach=not args.no_attach_gate
+        args.driver_name,
+        args.node_name,
+        kube,
+        inventory,
+        store,
+        require_attach=not args.no_attach_gate,
+        dhcp=DhcpClient(args.device_netns or None, args.dhcp_timeout),
     )
     root = Path(args.kubelet_root_dir)
     dra_socket = root / "plugins" / args.driver_name / "dra.sock"

@@ -3,8 +3,9 @@
 Per claim: read it from the API server (the UID must match what the kubelet
 asked for), and for each allocation result of this driver run the seed's
 pipeline — pick the opaque config, merge it onto the provider config, resolve a
-profile, default and validate again (a failure releases the profile), add the
-host snapshot — then save one DeviceConfig per pod and device in the store.
+profile, default and validate again (a failure releases the profile), take a
+DHCP lease for interface.dhcp (services/prepare/dhcp.py), add the host
+snapshot — then save one DeviceConfig per pod and device in the store.
 Errors are per claim and name the claim, the request, the device and the field;
 a failing claim stores nothing and does not disturb the others.
 """
@@ -21,6 +22,7 @@ from typing import Any
 
 from proto.dranet.inventory.v1 import inventory_pb2 as inv
 from proto.dranet.store.v1 import store_pb2 as st
+from services.prepare.dhcp import DhcpClient, DhcpError
 from services.prepare.inventory_client import InventoryClient, InventoryError
 from services.prepare.kube import Kube, KubeError
 from shared.logs import log_fields
@@ -91,6 +93,7 @@ class Preparer:
         inventory: InventoryClient,
         store: StoreClient,
         require_attach: bool = True,
+        dhcp: DhcpClient | None = None,
     ) -> None:
         self.driver = driver
         self.node_name = node_name
@@ -98,6 +101,8 @@ class Preparer:
         self.inventory = inventory
         self.store = store
         self.require_attach = require_attach
+        # interface.dhcp: leases on the host interfaces, in the devices' netns.
+        self.dhcp = dhcp or DhcpClient()
         self.last_timings = Timings()
         self._node_info: inv.NodeInfo | None = None
 
@@ -336,6 +341,8 @@ class Preparer:
                 await self._release_profiles([profile_owned], delete=True)
             msg = str(exc) if isinstance(exc, ClaimError) else f"{where}: {exc}"
             raise ClaimError(msg) from None
+        if final.interface.dhcp is True:
+            final = await self._lease(final, dev, where, profile_owned)
 
         snap = dev.snapshot
         final = apply_host_snapshot(final, _host_snapshot(snap))
@@ -383,6 +390,24 @@ class Preparer:
         )
         timings.pipeline += time.perf_counter() - t_pipe
         return cfg
+
+    async def _lease(
+        self, cfg: NetworkConfig, dev: inv.Device, where: str, profile_owned: st.DeviceConfig | None
+    ) -> NetworkConfig:
+        """interface.dhcp (dranet prepareResourceClaim): a DHCP lease on the host
+        interface, stored as the Pod's only address, its routes appended to the
+        configured ones (a configured route wins for the same destination and table).
+        Before the host snapshot, so host routes keep a source only if it is the lease's.
+        No lease: the claim fails (nothing is stored; a profile it holds goes back)."""
+        try:
+            lease = await self.dhcp.lease(dev.ifname)
+        except DhcpError as exc:
+            if profile_owned is not None:
+                await self._release_profiles([profile_owned], delete=True)
+            raise ClaimError(f"{where}: interface.dhcp: {exc}") from None
+        keys = {(r.destination, r.table) for r in cfg.routes}
+        routes = cfg.routes + tuple(r for r in lease.routes if (r.destination, r.table) not in keys)
+        return replace(cfg, interface=replace(cfg.interface, addresses=(lease.address,)), routes=routes)
 
     async def _resolve_profile(
         self,

@@ -210,14 +210,36 @@ def test_unnumbered_gets_no_addresses() -> None:
     assert AddRoute(Ns.POD, "eth1", "10.0.0.0/8", scope=253) in actions(plan.steps)
 
 
-def test_dhcp_applies_the_lease_prepare_stored_and_fails_without_one() -> None:
-    leased = plan_attach(
-        spec({"interface": {"dhcp": True, "addresses": ["198.51.100.7/24"]}}),
-        NETNS,
-        AttachObservation(on_host=HOST_ETH1),
-    )
-    assert AddAddress(Ns.POD, "eth1", "198.51.100.7/24") in actions(leased.steps)
-    with pytest.raises(PlanError, match=r"nic-eth1: interface.dhcp is set but no leased address"):
+def test_dhcp_applies_the_lease_prepare_stored() -> None:
+    """Prepare stores the lease as the address and its option 121/3 routes (an on-link one
+    as scope link): attach plans them like configured ones, link-scope routes first."""
+    pod = {
+        "interface": {"dhcp": True, "addresses": ["198.51.100.7/24"]},
+        "routes": [
+            {"destination": "203.0.113.0/24", "gateway": "198.51.100.9"},
+            {"destination": "198.51.100.9/32", "scope": 253},
+            {"destination": "0.0.0.0/0", "gateway": "198.51.100.1"},
+        ],
+    }
+    leased = plan_attach(spec(pod), NETNS, AttachObservation(on_host=HOST_ETH1))
+    steps = actions(leased.steps)
+    assert AddAddress(Ns.POD, "eth1", "198.51.100.7/24") in steps
+    assert leased.ips == ("198.51.100.7/24",)
+    routes = [a for a in steps if isinstance(a, AddRoute)]
+    assert routes == [
+        AddRoute(Ns.POD, "eth1", "198.51.100.9/32", scope=253),
+        AddRoute(Ns.POD, "eth1", "203.0.113.0/24", "198.51.100.9"),
+        AddRoute(Ns.POD, "eth1", "0.0.0.0/0", "198.51.100.1"),
+    ]
+    assert steps.index(AddAddress(Ns.POD, "eth1", "198.51.100.7/24")) < steps.index(routes[0])
+
+
+def test_dhcp_without_a_stored_lease_is_refused() -> None:
+    """A record that says dhcp but holds no lease was not prepared by prepare (which fails
+    the claim when no lease comes): the Pod must not start unaddressed."""
+    with pytest.raises(
+        PlanError, match=r"nic-eth1: interface.dhcp is set but the stored config holds no leased"
+    ):
         plan_attach(spec({"interface": {"dhcp": True}}), NETNS, AttachObservation(on_host=HOST_ETH1))
 
 
