@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -93,7 +94,22 @@ class Driver:
                 self.kubeconfigs[svc] = self.cluster.service_identity(svc)
         for name in ORDER:
             self.start_one(name)
+        self.wait_registered()
         return self
+
+    def wait_registered(self, timeout: float = 30.0) -> None:
+        """Until the kubelet has accepted prepare's registration (a Pod created before that
+        fails with 'DRA driver dra.net is not registered' and waits for the kubelet's retry)."""
+        deadline = time.monotonic() + timeout
+        proc = self.procs["prepare"]
+        while "registered with the kubelet" not in proc.log():
+            if proc.proc is not None and proc.proc.poll() is not None:
+                raise RuntimeError(f"prepare exited:\n{proc.log()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"the kubelet did not register prepare in {timeout}s:\n{proc.log()[-3000:]}"
+                )
+            time.sleep(0.05)
 
     def start_one(self, name: str, timeout: float = 30.0) -> ServiceProcess:
         proc = self.process(name)

@@ -67,7 +67,8 @@ LINK_RANGE = ipaddress.IPv4Network("198.19.192.0/18")
 SERVICE_CIDR = "10.0.0.0/24"
 # The kubelet links every container's log here (a path it does not let one configure).
 CONTAINER_LOGS = Path("/var/log/containers")
-LOCK_DIR = Path("/run/dranet-dev")  # allocated from, never routed: there is no kube-proxy here
+LOCK_DIR = Path("/run/dranet-dev")
+VAR_LIB_KUBELET = Path("/var/lib/kubelet")  # allocated from, never routed: there is no kube-proxy here
 
 
 class ClusterError(RuntimeError):
@@ -535,6 +536,9 @@ class KubeCluster:
         sans += ["DNS:kubernetes", "DNS:kubernetes.default", "DNS:kubernetes.default.svc"]
         self.pki.cert("apiserver", "/CN=kube-apiserver", sans, server=True)
         self.pki.cert("kubelet-client", "/CN=kube-apiserver-kubelet-client/O=system:masters")
+        # The kubelet's serving certificate, signed by the cluster CA so clients can verify it
+        # (left to itself the kubelet self-signs one into /var/lib/kubelet/pki on the host).
+        self.pki.cert("kubelet-serving", f"/CN={self.node_name}", [f"IP:{self.net.host_ip}"], server=True)
         for user, subject in (
             ("admin", "/CN=admin/O=system:masters"),
             ("scheduler", "/CN=system:kube-scheduler"),
@@ -698,6 +702,8 @@ class KubeCluster:
             "healthzBindAddress": "127.0.0.1",
             "healthzPort": free_port("127.0.0.1"),
             "readOnlyPort": 0,
+            "tlsCertFile": str(self.pki.dir / "kubelet-serving.crt"),
+            "tlsPrivateKeyFile": str(self.pki.dir / "kubelet-serving.key"),
             # Both sides must agree; containerd 1.7 has no RuntimeConfig RPC to tell the kubelet.
             "cgroupDriver": "cgroupfs",
             "failCgroupV1": False,
@@ -727,6 +733,11 @@ class KubeCluster:
 
     def _start_kubelet(self) -> None:
         config = self._kubelet_config()
+        # The one host path the kubelet cannot be told to leave alone: device-plugins/kubelet.sock
+        # under /var/lib/kubelet. Created by us, removed by the last cluster to stop.
+        LOCK_DIR.mkdir(parents=True, exist_ok=True)
+        if not VAR_LIB_KUBELET.exists():
+            (LOCK_DIR / "var-lib-kubelet.created").touch()
         for ctl in Path("/sys/fs/cgroup").iterdir():
             if ctl.name != "unified" and (ctl / "cgroup.procs").exists():
                 (ctl / self.cgroup_name).mkdir(exist_ok=True)
@@ -749,6 +760,7 @@ class KubeCluster:
             f"--config={config}",
             f"--kubeconfig={self.state / 'node.kubeconfig'}",
             f"--root-dir={self.kubelet_dir}",
+            f"--cert-dir={self.kubelet_dir / 'pki'}",
             f"--hostname-override={self.node_name}",
             f"--node-ip={self.net.host_ip}",
             "--v=2",
@@ -795,6 +807,17 @@ class KubeCluster:
                 )
             time.sleep(0.25)
 
+    def _remove_var_lib_kubelet(self) -> None:
+        marker = LOCK_DIR / "var-lib-kubelet.created"
+        if not marker.exists():
+            return
+        for proc in Path("/proc").iterdir():
+            with contextlib.suppress(OSError):
+                if proc.name.isdigit() and (proc / "exe").resolve() == kube_bin("kubelet"):
+                    return  # another cluster's kubelet still runs
+        shutil.rmtree(VAR_LIB_KUBELET, ignore_errors=True)
+        marker.unlink(missing_ok=True)
+
     def _remove_container_log_links(self) -> None:
         if not CONTAINER_LOGS.is_dir():
             return
@@ -840,6 +863,7 @@ class KubeCluster:
         for d in _cgroup_dirs(self.cgroup_name):
             _remove_cgroup_tree(d)
         self._remove_container_log_links()
+        self._remove_var_lib_kubelet()
         self.net.delete()
         (self.state / "cluster.json").unlink(missing_ok=True)
         if self._own_state and not _mounts_under(self.state):
