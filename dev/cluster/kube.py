@@ -785,11 +785,30 @@ class KubeCluster:
                 raise ClusterError(f"kube-apiserver not ready again in {timeout}s:\n{p.log_tail()}")
             time.sleep(0.2)
 
-    def restart_kubelet(self, kill: bool = False) -> None:
+    def restart_kubelet(self, kill: bool = False, timeout: float = 60.0) -> None:
+        """Stop (or SIGKILL) the kubelet and start it again; returns once the new one answers
+        its healthz and the Node is Ready (the Node stays Ready from the old one for a while,
+        so Ready alone says nothing)."""
         p = self.procs["kubelet"]
         p.kill() if kill else p.stop()
         self._start_kubelet()
-        self.wait_node_ready(60)
+        deadline = time.monotonic() + timeout
+        while not self._kubelet_healthy():
+            self.procs["kubelet"].check()
+            if time.monotonic() > deadline:
+                raise ClusterError(f"kubelet not healthy in {timeout}s:\n{self.procs['kubelet'].log_tail()}")
+            time.sleep(0.2)
+        self.wait_node_ready(timeout)
+
+    def _kubelet_healthy(self) -> bool:
+        conn = http.client.HTTPConnection("127.0.0.1", self.kubelet_healthz, timeout=2)
+        try:
+            conn.request("GET", "/healthz")
+            return conn.getresponse().status == 200
+        except (OSError, http.client.HTTPException):
+            return False
+        finally:
+            conn.close()
 
     def wait_node_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout

@@ -61,7 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     run_dir = args.run_dir
-    kube = Kube(args.kubeconfig or None, field_manager=args.driver_name)
+    kube = Kube(args.kubeconfig or None, field_manager=args.driver_name, driver=args.driver_name)
     await kube.start()
     store = StoreClient(args.store_socket or service.socket_path(run_dir, "store"))
     inventory = InventoryClient(args.inventory_socket or service.socket_path(run_dir, "inventory"))

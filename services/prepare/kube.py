@@ -44,9 +44,10 @@ async def _checked(resp: Any, what: str) -> bytes:
 class Kube:
     """An API client for one driver: claim reads, claim status applies, events."""
 
-    def __init__(self, kubeconfig: str | None, field_manager: str) -> None:
+    def __init__(self, kubeconfig: str | None, field_manager: str, driver: str | None = None) -> None:
         self.kubeconfig = kubeconfig
         self.field_manager = field_manager
+        self.driver = driver or field_manager
         self._api: client.ApiClient | None = None
         self._resource: Any = None
         self._core: Any = None
@@ -122,7 +123,7 @@ class Kube:
             if claim is None:
                 return False
             current = (claim.get("status") or {}).get("devices") or []
-            wanted = [d for d in current if d.get("driver") != self.field_manager] + devices
+            wanted = [d for d in current if d.get("driver") != self.driver] + devices
             if wanted == current:
                 return True
             patch = {
@@ -136,6 +137,7 @@ class Kube:
                         name,
                         namespace,
                         patch,
+                        field_manager=self.field_manager,
                         _content_type="application/merge-patch+json",
                         _request_timeout=REQUEST_TIMEOUT_S,
                         _preload_content=False,

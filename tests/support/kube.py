@@ -273,7 +273,8 @@ class Kube:
         items = self.api.get(
             f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName={self.c.node_name}"
         )["items"]
-        return {d["name"]: d for s in items for d in s["spec"].get("devices", [])}
+        # A slice whose last device went has "devices": null.
+        return {d["name"]: d for s in items for d in (s["spec"].get("devices") or [])}
 
     async def wait_published(self, *devices: str, within: float = 30.0) -> dict[str, dict[str, Any]]:
         def check() -> dict[str, dict[str, Any]] | None:
