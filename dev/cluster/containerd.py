@@ -6,7 +6,7 @@ touched: the daemon's gRPC, ttrpc and NRI sockets, runc's state, the CNI IPAM st
 server port are all private, so several instances (tests of several engineers) can run at once.
 
 The binaries and the pause image come from the runtime cache built by ``install_runtime.sh``
-(default ``<repo>/.cache/runtime``, or ``$DRANET_RUNTIME_CACHE``).
+(default ``/var/cache/dranet-dev/runtime``, or ``$DRANET_RUNTIME_CACHE``).
 
 The methods here block (subprocesses, netlink, a blocking gRPC channel); from asyncio code use the
 ``a*`` variants, which run them in a worker thread.

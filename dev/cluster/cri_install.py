@@ -40,14 +40,16 @@ PAUSE_IMAGE = "docker.io/local/pause:1"
 class RuntimeCache:
     """The directory ``install_runtime.sh`` fills: containerd binaries, CRI stubs, pause image.
 
-    Default ``<repo>/.cache/runtime``, or ``$DRANET_RUNTIME_CACHE``.
+    Default ``$DRANET_CACHE/runtime`` (``/var/cache/dranet-dev/runtime``, outside the checkout), or
+    ``$DRANET_RUNTIME_CACHE``.
     """
 
     dir: Path
 
     @classmethod
     def default(cls) -> RuntimeCache:
-        return cls(Path(os.environ.get("DRANET_RUNTIME_CACHE", REPO / ".cache" / "runtime")))
+        cache = Path(os.environ.get("DRANET_CACHE", "/var/cache/dranet-dev"))
+        return cls(Path(os.environ.get("DRANET_RUNTIME_CACHE", cache / "runtime")))
 
     @property
     def bin_dir(self) -> Path:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install the real container runtime the development control plane and the tests use, into a
-# project-local cache (default <repo>/.cache/runtime). Idempotent; a no-op when already done.
+# cache outside the checkout (default /var/cache/dranet-dev/runtime). Idempotent; a no-op when already done.
 #
 #   dev/cluster/install_runtime.sh [CACHE_DIR]
 #
@@ -18,7 +18,7 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
-CACHE=${1:-$REPO/.cache/runtime}
+CACHE=${1:-${DRANET_CACHE:-/var/cache/dranet-dev}/runtime}
 PY=${PYTHON:-$REPO/.venv/bin/python}
 # Bump when this script or cri_install.py changes what lands in the cache.
 FORMAT=1

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
-COMPOSE = REPO / ".cache" / "tools" / "bin" / "docker-compose"
+COMPOSE = Path(os.environ.get("DRANET_CACHE", "/var/cache/dranet-dev")) / "tools" / "bin" / "docker-compose"
 
 
 def test_compose_config_is_valid_and_shares_the_run_dir() -> None:
-    assert COMPOSE.exists(), "run .ci/setup: it fetches docker-compose into .cache/tools"
+    assert COMPOSE.exists(), "run .ci/setup: it fetches docker-compose into $DRANET_CACHE/tools"
     out = subprocess.run(
         [str(COMPOSE), "-f", str(REPO / "compose.yaml"), "config", "--format", "json"],
         check=True,
