@@ -17,7 +17,7 @@ pytest_plugins = ["tests.fixtures_runtime", "tests.fixtures_cluster"]
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    needs_root = any(item.iter_markers(name=m) for m in ("root", "netns", "containerd", "cluster"))
+    needs_root = any(item.iter_markers(name=m) for m in ("root", "netns", "containerd", "cluster", "vm"))
     if needs_root and os.geteuid() != 0:
         if os.environ.get("DRANET_ALLOW_SKIP") == "1":
             pytest.skip("needs root (DRANET_ALLOW_SKIP=1)")
