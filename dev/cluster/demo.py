@@ -53,7 +53,7 @@ def _run(c: KubeCluster) -> dict[str, Any]:
 
     def eth1_published() -> bool:
         slices = api.get("/apis/resource.k8s.io/v1/resourceslices")["items"]
-        return any(d["name"] == "eth1" for s in slices for d in s["spec"].get("devices", []))
+        return any(d["name"] == "eth1" for s in slices for d in (s["spec"].get("devices") or []))
 
     _wait("eth1 published in a ResourceSlice", 30, eth1_published)
     _wait(

@@ -875,8 +875,10 @@ class KubeCluster:
             if p is not None:
                 p.stop()
         if self.containerd is not None:
-            with contextlib.suppress(Exception):
+            try:
                 self.containerd.close()
+            except Exception as exc:  # keep going: the rest must still be undone
+                print(f"[cluster] stopping containerd failed: {exc}", flush=True)
         _umount_tree(self.kubelet_dir)
         self._kubelet_bind = False
         for d in _cgroup_dirs(self.cgroup_name):
