@@ -19,6 +19,7 @@ from services.inventory.__main__ import build_parser as inventory_parser
 from services.prepare.__main__ import parse_args as prepare_args
 from services.store.__main__ import parse_args as store_args
 from tests.integration.chart.test_chart import by_kind, render
+from tests.integration.chart.test_compose import COMPOSE
 
 REPO = Path(__file__).resolve().parents[3]
 PARSERS: dict[str, Callable[[list[str]], argparse.Namespace]] = {
@@ -63,7 +64,7 @@ def test_chart_flags_parse(values: dict[str, Any]) -> None:
 
 
 def test_compose_flags_parse() -> None:
-    compose = REPO / ".cache" / "tools" / "bin" / "docker-compose"
+    compose = COMPOSE
     out = subprocess.run(
         [str(compose), "-f", str(REPO / "compose.yaml"), "config", "--format", "json"],
         check=True,
