@@ -147,4 +147,3 @@ async def test_config_is_what_prepare_stored(stack: Stack, dummies: tuple[str, s
     assert host["interface"]["name"] == a and host["interface"]["addresses"] == ["198.18.41.2/24"]
     assert json.loads(cfg.pod_config_json)["interface"]["addresses"] == ["198.18.41.2/24"]
     assert (await stack.preparer.unprepare([ref]))[ref.uid] == ""
-
