@@ -284,10 +284,17 @@ async def test_handler_over_the_runtime_timeout_drops_the_plugin_then_it_reconne
     async with plugin(ctrd, handler_timeout=None) as p:
         p.handlers.run_delay = 3.0
         cfg = sandbox("timed-out")
-        # containerd closes the plugin and carries on as if it had succeeded.
-        sid = await cri.run_pod_sandbox(cfg)
-        ctrd.note_netns((await cri.pod_sandbox_status(sid)).netns_path)
+        # containerd closes the plugin and usually carries on as if it had succeeded; on a
+        # loaded machine the sandbox may instead fail with the request's deadline. Either
+        # way the plugin must be dropped and must reconnect.
+        sid: str | None = None
+        try:
+            sid = await cri.run_pod_sandbox(cfg)
+            ctrd.note_netns((await cri.pod_sandbox_status(sid)).netns_path)
+        except grpc.aio.AioRpcError as exc:
+            assert "deadline" in (exc.details() or "").lower(), exc
         p.handlers.run_delay = 0.0
         await p.wait_states(["up", "down", "up"])
         assert p.stub.connects == 2
-        assert sid in {s.id for s in p.handlers.syncs[-1]}
+        if sid is not None:
+            assert sid in {s.id for s in p.handlers.syncs[-1]}
