@@ -643,18 +643,7 @@ class KubeCluster:
                 "--v=1",
             ],
         )
-        deadline = time.monotonic() + timeout
-        while True:
-            self.procs["etcd"].check()
-            self.procs["kube-apiserver"].check()
-            with contextlib.suppress(OSError, ClusterError, http.client.HTTPException):
-                self.api.call("GET", "/readyz")
-                break
-            if time.monotonic() > deadline:
-                raise ClusterError(
-                    f"kube-apiserver not ready in {timeout}s:\n{self.procs['kube-apiserver'].log_tail()}"
-                )
-            time.sleep(0.2)
+        self.wait_apiserver_ready(timeout)
 
     def _start_controllers(self) -> None:
         common = ["--leader-elect=false", "--bind-address=127.0.0.1", "--secure-port=0", "--v=1"]
@@ -775,14 +764,21 @@ class KubeCluster:
         time.sleep(down_s)
         p.start()
         self._record()
+        self.wait_apiserver_ready(timeout)
+
+    def wait_apiserver_ready(self, timeout: float = 60.0) -> None:
+        """Until kube-apiserver answers /readyz; ClusterError with its log if it (or etcd) exits."""
         deadline = time.monotonic() + timeout
         while True:
-            p.check()
+            self.procs["etcd"].check()
+            self.procs["kube-apiserver"].check()
             with contextlib.suppress(OSError, ClusterError, http.client.HTTPException):
                 self.api.call("GET", "/readyz")
                 return
             if time.monotonic() > deadline:
-                raise ClusterError(f"kube-apiserver not ready again in {timeout}s:\n{p.log_tail()}")
+                raise ClusterError(
+                    f"kube-apiserver not ready in {timeout}s:\n{self.procs['kube-apiserver'].log_tail()}"
+                )
             time.sleep(0.2)
 
     def restart_kubelet(self, kill: bool = False, timeout: float = 60.0) -> None:

@@ -300,14 +300,7 @@ def start_api_server(kube: KubeCluster, timeout: float = 180.0) -> None:
         proc.start()
         kube.started_at["kube-apiserver"] = time.monotonic()
     deadline = time.monotonic() + timeout
-    while True:
-        proc.check()
-        with contextlib.suppress(OSError, ClusterError, http.client.HTTPException):
-            kube.api.call("GET", "/readyz")
-            break
-        if time.monotonic() > deadline:
-            raise ClusterError(f"kube-apiserver not ready again in {timeout}s:\n{proc.log_tail()}")
-        time.sleep(0.2)
+    kube.wait_apiserver_ready(timeout)
     for name in ("etcd", "kube-controller-manager", "kube-scheduler", "kubelet"):
         kube.procs[name].check()
     kube.wait_node_ready(max(deadline - time.monotonic(), 30.0))
