@@ -66,6 +66,7 @@ def setup(service: str, level: str = "INFO", stream: TextIO | None = None) -> No
         "pyroute2",
         "grpc",
         "uvicorn.access",
+        "uvicorn.error",
         "hpack",
         "kubernetes_asyncio",
         "celpy",

@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import stat
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -73,12 +74,40 @@ def prepare_socket_path(path: str | os.PathLike[str]) -> Path:
     return p
 
 
-class UdsServer:
-    """A grpc.aio server bound to one Unix socket."""
+# How long a new instance waits for a previous one to release its socket (a rollout or a
+# pod deleted and made again: the old pod's containers drain while the new pod's start).
+# Services set it from --takeover-wait.
+takeover_wait_s = 60.0
 
-    def __init__(self, path: str | os.PathLike[str], mode: int = 0o600) -> None:
+
+async def wait_socket_free(path: str | os.PathLike[str], within_s: float) -> None:
+    """Until nothing serves on ``path`` (a stale file is fine: prepare_socket_path removes it);
+    SocketInUseError naming the socket if the other process keeps it for ``within_s``."""
+    deadline = time.monotonic() + within_s
+    told = False
+    while await asyncio.to_thread(socket_is_live, path):
+        if time.monotonic() >= deadline:
+            raise SocketInUseError(
+                f"another process is serving on {path} (waited {within_s:g}s for it to stop)"
+            )
+        if not told:
+            log.info("waiting for the previous instance to release its socket", extra={"socket": str(path)})
+            told = True
+        await asyncio.sleep(0.25)
+    if told:
+        log.info("previous instance gone; taking over", extra={"socket": str(path)})
+
+
+class UdsServer:
+    """A grpc.aio server bound to one Unix socket. ``start`` waits up to ``takeover_s``
+    (default ``takeover_wait_s``) for another live server on the path to go away."""
+
+    def __init__(
+        self, path: str | os.PathLike[str], mode: int = 0o600, takeover_s: float | None = None
+    ) -> None:
         self.path = Path(path)
         self.mode = mode
+        self.takeover_s = takeover_s
         self.server = grpc.aio.server(options=CHANNEL_OPTIONS)
 
     def add(self, register: Callable[[grpc.aio.Server], None]) -> UdsServer:
@@ -86,6 +115,7 @@ class UdsServer:
         return self
 
     async def start(self) -> None:
+        await wait_socket_free(self.path, takeover_wait_s if self.takeover_s is None else self.takeover_s)
         prepare_socket_path(self.path)
         # The socket is created with the process umask; keep others out from the
         # first moment, then set the exact mode.

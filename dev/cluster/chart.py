@@ -22,7 +22,9 @@ def rendered(namespace: str = "kube-system") -> tuple[dict[str, Any], ...]:
 
     with helm.Chart.load(str(CHART)) as chart:
         manifests = chart.render({}, name="dranet", namespace=namespace)
-    return tuple(d for text in manifests.values() for d in yaml.safe_load_all(text) if d)
+    return tuple(
+        d for f, text in manifests.items() if f.endswith(".yaml") for d in yaml.safe_load_all(text) if d
+    )
 
 
 def cluster_role(namespace: str = "kube-system") -> dict[str, Any]:

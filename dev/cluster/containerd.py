@@ -231,11 +231,13 @@ def _remove_netns(path: str) -> None:
         os.unlink(path)
 
 
-def _delete_link(name: str) -> None:
+def _delete_link(name: str, netns: str | None = None) -> None:
     from pyroute2 import IPRoute
     from pyroute2.netlink.exceptions import NetlinkError
 
-    with IPRoute() as ipr:
+    if netns and not Path(f"/var/run/netns/{netns}").exists():
+        return  # gone with its namespace
+    with IPRoute(netns=netns) if netns else IPRoute() as ipr:
         idx = ipr.link_lookup(ifname=name)
         if idx:
             with contextlib.suppress(NetlinkError):
@@ -308,8 +310,13 @@ class Containerd:
     dial it), ``cni_subnet``, ``bridge``, ``version`` (e.g. ``1.7.24``), ``log_path``.
     """
 
-    def __init__(self, workdir: Path | None = None, cache: RuntimeCache | None = None) -> None:
+    def __init__(
+        self, workdir: Path | None = None, cache: RuntimeCache | None = None, netns: str | None = None
+    ) -> None:
         self.cache = cache or RuntimeCache.default()
+        # A named network namespace (``ip netns``) to run the daemon in: its hostNetwork pods,
+        # CNI bridge and pods' veths are then that namespace's, as on a node of their own.
+        self.netns = netns
         self.cache.check()
         # Under /tmp: AF_UNIX paths must stay below 108 bytes, including the shim's own sockets.
         self._own_workdir = workdir is None
@@ -318,7 +325,7 @@ class Containerd:
         self.root = self.workdir / "root"
         self.state = self.workdir / "state"
         self.grpc_socket = self.workdir / "containerd.sock"
-        self.nri_socket = self.workdir / "nri.sock"
+        self.nri_socket = self.workdir / "nri" / "nri.sock"  # a directory of its own: mountable alone
         self.cni_conf_dir = self.workdir / "cni" / "net.d"
         self.cni_ipam_dir = self.workdir / "cni" / "ipam"
         self.pod_log_dir = self.workdir / "pods"
@@ -361,6 +368,8 @@ class Containerd:
         self._claim_ = _claim_subnet(self.workdir, self.grpc_socket, self.cache)
         # A bridge left by an earlier instance that held this index and died is ours to remove.
         _delete_link(self.bridge)
+        if self.netns:
+            _delete_link(self.bridge, self.netns)
         self._write_config()
 
     # -- configuration --------------------------------------------------------------------------
@@ -373,7 +382,14 @@ class Containerd:
         return out.stdout.split()[2]
 
     def _write_config(self) -> None:
-        for d in (self.root, self.state, self.cni_conf_dir, self.cni_ipam_dir, self.pod_log_dir):
+        for d in (
+            self.root,
+            self.state,
+            self.cni_conf_dir,
+            self.cni_ipam_dir,
+            self.pod_log_dir,
+            self.nri_socket.parent,
+        ):
             d.mkdir(parents=True, exist_ok=True)
         gateway = next(self.cni_subnet.hosts())
         conflist = {
@@ -497,8 +513,9 @@ class Containerd:
         }
         logf = open(self.log_path, "ab")  # the child inherits it; ours is closed right below
         try:
+            enter = ["nsenter", f"--net=/var/run/netns/{self.netns}"] if self.netns else []
             self._proc = subprocess.Popen(
-                [str(self.cache.containerd), "--config", str(self.config_path)],
+                [*enter, str(self.cache.containerd), "--config", str(self.config_path)],
                 stdin=subprocess.DEVNULL,
                 stdout=logf,
                 stderr=subprocess.STDOUT,
@@ -670,7 +687,7 @@ class Containerd:
             for ns in self._netns_seen:
                 _remove_netns(ns)
             _unmount_all([str(self.workdir)])
-            _delete_link(self.bridge)
+            _delete_link(self.bridge, self.netns)
             if self._own_workdir:
                 shutil.rmtree(self.workdir, ignore_errors=True)
         finally:

@@ -20,7 +20,13 @@ from dev.cluster.kube import KubeCluster
 from dev.cluster.procs import ServiceProcess
 
 ORDER = ("store", "inventory", "attach", "prepare")
-FILTER = '"dra.net/ifName" in attributes && attributes["dra.net/ifName"].StringValue != "apilink"'
+# The node namespace also holds its API link, containerd's CNI bridge (dncni*) and the host ends of
+# the pods' eth0 veths (veth*): none of them is a NIC to hand out.
+FILTER = (
+    '"dra.net/ifName" in attributes && attributes["dra.net/ifName"].StringValue != "apilink"'
+    ' && !attributes["dra.net/ifName"].StringValue.startsWith("dncni")'
+    ' && !attributes["dra.net/ifName"].StringValue.startsWith("veth")'
+)
 
 
 class Driver:
@@ -49,7 +55,9 @@ class Driver:
 
     def _args(self, name: str) -> tuple[list[str], str | None]:
         c = self.cluster
-        common = ["--run-dir", str(self.run_dir), "--log-level", self.log_level]
+        # Host processes are checked over their Unix sockets: no TCP health port (the host's
+        # and the node's ports stay free for an installed driver and for other clusters).
+        common = ["--run-dir", str(self.run_dir), "--log-level", self.log_level, "--health-port", "0"]
         if name == "store":
             return [*common, "--db-dir", str(self.workdir / "store")], None
         if name == "inventory":
@@ -62,6 +70,7 @@ class Driver:
                 # veth stand in for NICs here: publish them, but never the node's API link, nor
                 # a PCI NIC whose netdev is in the host's namespace (the machine's uplink).
                 "--filter", FILTER,
+                "--metrics-port", "0",
                 *self.extra["inventory"],
             ], c.netns  # fmt: skip
         if name == "attach":

@@ -65,6 +65,7 @@ KUBELET_SYSCTLS = (
 # (RFC 2544), which real networks never route; the containerd pod subnets use the lower part.
 LINK_RANGE = ipaddress.IPv4Network("198.19.192.0/18")
 SERVICE_CIDR = "10.0.0.0/24"
+SERVICE_IP = "10.0.0.1"  # the ``kubernetes`` Service: the first address of SERVICE_CIDR
 # The kubelet links every container's log here (a path it does not let one configure).
 CONTAINER_LOGS = Path("/var/log/containers")
 LOCK_DIR = Path("/run/dranet-dev")
@@ -395,6 +396,17 @@ class NodeNet:
         sh("ip", "-n", netns, "route", "add", f"{self.host_ip}/32", "via", a)
         return b
 
+    def route_service(self, service_ip: str, api_port: int) -> None:
+        """What kube-proxy does for the ``kubernetes`` Service, in the node's namespace only:
+        ``service_ip:443`` goes to the API server, so in-cluster clients of hostNetwork pods
+        (KUBERNETES_SERVICE_HOST) reach it. Goes away with the namespace."""
+        sh("ip", "-n", self.netns, "route", "replace", f"{service_ip}/32", "dev", "apilink")
+        sh(
+            "iptables", "-t", "nat", "-A", "OUTPUT", "-d", f"{service_ip}/32", "-p", "tcp",
+            "--dport", "443", "-j", "DNAT", "--to-destination", f"{self.host_ip}:{api_port}",
+            netns=self.netns,
+        )  # fmt: skip
+
     def has_link(self, name: str) -> bool:
         return bool(sh("ip", "-n", self.netns, "-o", "link", "show", "dev", name, check=False))
 
@@ -522,8 +534,9 @@ class KubeCluster:
         self._make_pki()
         self._start_etcd()
         self._start_apiserver(timeout)
+        self.net.route_service(SERVICE_IP, self.api_port)
         self._start_controllers()
-        self.containerd = Containerd(self.state / "containerd")
+        self.containerd = Containerd(self.state / "containerd", netns=self.net.netns)
         self.containerd.start(timeout=60)
         self._start_kubelet()
         self.wait_node_ready(timeout)
@@ -538,7 +551,7 @@ class KubeCluster:
         self.pki.cert("kubelet-client", "/CN=kube-apiserver-kubelet-client/O=system:masters")
         # The kubelet's serving certificate, signed by the cluster CA so clients can verify it
         # (left to itself the kubelet self-signs one into /var/lib/kubelet/pki on the host).
-        self.pki.cert("kubelet-serving", f"/CN={self.node_name}", [f"IP:{self.net.host_ip}"], server=True)
+        self.pki.cert("kubelet-serving", f"/CN={self.node_name}", [f"IP:{self.net.node_ip}"], server=True)
         for user, subject in (
             ("admin", "/CN=admin/O=system:masters"),
             ("scheduler", "/CN=system:kube-scheduler"),
@@ -686,10 +699,11 @@ class KubeCluster:
                 "x509": {"clientCAFile": str(self.pki.ca_crt)},
             },
             "authorization": {"mode": "AlwaysAllow"},
-            "address": self.net.host_ip,
-            "port": free_port(self.net.host_ip),
-            "healthzBindAddress": "127.0.0.1",
-            "healthzPort": free_port("127.0.0.1"),
+            # The kubelet lives in the node's namespace (so do containerd and hostNetwork pods).
+            "address": self.net.node_ip,
+            "port": 10250,
+            "healthzBindAddress": self.net.node_ip,
+            "healthzPort": 10248,
             "readOnlyPort": 0,
             "tlsCertFile": str(self.pki.dir / "kubelet-serving.crt"),
             "tlsPrivateKeyFile": str(self.pki.dir / "kubelet-serving.key"),
@@ -751,11 +765,19 @@ class KubeCluster:
             f"--root-dir={self.kubelet_dir}",
             f"--cert-dir={self.kubelet_dir / 'pki'}",
             f"--hostname-override={self.node_name}",
-            f"--node-ip={self.net.host_ip}",
+            f"--node-ip={self.net.node_ip}",
             "--v=2",
         ]
         script = " && ".join(["mount --make-rprivate /proc", *binds, "exec " + shlex.join(kubelet)])
-        self._proc("kubelet", ["unshare", "-m", "--propagation", "unchanged", "sh", "-c", script])
+        # nsenter changes the network namespace only (``ip netns exec`` would also make every
+        # mount a slave, and the kubelet's volume mounts would no longer reach containerd).
+        self._proc(
+            "kubelet",
+            [
+                "nsenter", f"--net=/var/run/netns/{self.net.netns}",
+                "unshare", "-m", "--propagation", "unchanged", "sh", "-c", script,
+            ],
+        )  # fmt: skip
 
     def restart_apiserver(self, down_s: float = 0.0, timeout: float = 60.0) -> None:
         """Stop kube-apiserver, stay down ``down_s`` seconds, start it again on the same port."""
@@ -797,7 +819,7 @@ class KubeCluster:
         self.wait_node_ready(timeout)
 
     def _kubelet_healthy(self) -> bool:
-        conn = http.client.HTTPConnection("127.0.0.1", self.kubelet_healthz, timeout=2)
+        conn = http.client.HTTPConnection(self.net.node_ip, self.kubelet_healthz, timeout=2)
         try:
             conn.request("GET", "/healthz")
             return conn.getresponse().status == 200
@@ -849,19 +871,25 @@ class KubeCluster:
         if now != self.host_sysctls:
             raise ClusterError(f"host sysctls changed: {self.host_sysctls} -> {now}")
 
-    def delete_pods(self, within: float = 90.0) -> None:
-        """Delete every Pod (namespaced objects in all namespaces) and wait until the kubelet
-        stopped them, so NRI's StopPodSandbox gives their devices back while attach runs."""
+    def delete_pods(self, within: float = 90.0, namespaces_except: Sequence[str] = ()) -> None:
+        """Delete the Pods and wait until the kubelet stopped them, so NRI's StopPodSandbox
+        gives their devices back while attach runs: first those outside kube-system (where an
+        installed driver runs), then, unless ``namespaces_except`` keeps them, the rest."""
         if self.rest is None or not self.procs.get("kubelet") or not self.procs["kubelet"].alive():
             return
+
+        def pods(keep: Sequence[str]) -> list[dict[str, Any]]:
+            items = self.api.get("/api/v1/pods")["items"]
+            return [p for p in items if p["metadata"]["namespace"] not in keep]
+
         with contextlib.suppress(Exception):
-            pods = self.api.get("/api/v1/pods")["items"]
-            for pod in pods:
-                ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
-                self.api.call("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}", ok=(200, 202, 404))
-            deadline = time.monotonic() + within
-            while self.api.get("/api/v1/pods")["items"] and time.monotonic() < deadline:
-                time.sleep(0.5)
+            for keep in (("kube-system", *namespaces_except), tuple(namespaces_except)):
+                for pod in pods(keep):
+                    ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+                    self.api.call("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}", ok=(200, 202, 404))
+                deadline = time.monotonic() + within
+                while pods(keep) and time.monotonic() < deadline:
+                    time.sleep(0.5)
 
     def stop(self) -> None:
         """Everything in reverse order; leaves no process, mount, namespace or cgroup behind."""

@@ -1,6 +1,8 @@
 """The local run (``make up``): a real single-node Kubernetes on this host (etcd, kube-apiserver,
-kube-controller-manager, kube-scheduler, containerd with NRI, the kubelet) and dranet's four
-services beside it, each its own process.
+kube-controller-manager, kube-scheduler, containerd with NRI, the kubelet) and dranet installed on
+it as operators install it: the product image built here (dev/image) and imported into the node's
+containerd, charts/dranet installed into kube-system by a real Helm engine. ``--host-processes``
+runs the four services as host processes instead (quicker to iterate on, no image build).
 
 The node's NICs are veth links in a network namespace of their own (``--netns``, default
 ``dranet-node``) whose peers stay on the host, so a claim can never take the machine's own uplink;
@@ -13,6 +15,7 @@ back), stops everything in reverse order and removes what the run created.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -24,6 +27,7 @@ from pathlib import Path
 
 from dev.cluster import demo
 from dev.cluster.driver import Driver
+from dev.cluster.install import NAMESPACE, Installed
 from dev.cluster.kube import KubeCluster, build, kube_bin
 
 NODE = "dev-node"
@@ -35,6 +39,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nics", type=int, default=2, help="veth NICs to give the node (eth1..ethN)")
     p.add_argument("--log-level", default="INFO", help="the four services' log level")
     p.add_argument("--demo", action="store_true", help="run a Pod with a NIC once everything is ready")
+    p.add_argument(
+        "--host-processes",
+        action="store_true",
+        help="run the four services as host processes instead of helm-installing the image",
+    )
     p.add_argument(
         "--exit-after",
         type=float,
@@ -61,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     cluster = KubeCluster(state, node_name=NODE, netns=args.netns)
     driver: Driver | None = None
+    installed: Installed | None = None
     code = 0
     try:
         say(f"starting Kubernetes {cluster.kube_version} (etcd {cluster.etcd_version}) in {state}")
@@ -70,9 +80,23 @@ def run(args: argparse.Namespace) -> int:
             cluster.net.add_nic(
                 f"eth{i}", addresses=[f"192.168.{100 + i}.2/24"], peer_addresses=[f"192.168.{100 + i}.1/24"]
             )
-        driver = Driver(cluster, log_level=args.log_level).start()
-        say(f"dranet's four services running ({time.monotonic() - t0:.1f}s); logs in {driver.workdir}")
         kubectl = f"{kube_bin('kubectl')} --kubeconfig {cluster.kubeconfig}"
+        if args.host_processes:
+            driver = Driver(cluster, log_level=args.log_level).start()
+            logs = str(driver.workdir)
+            say(f"dranet's four services running ({time.monotonic() - t0:.1f}s); logs in {logs}")
+        else:
+            installed = Installed(cluster)
+            say("building the image (cached when unchanged) and importing it into the node's containerd")
+            image = installed.ensure_image()
+            say(f"helm install dranet ({image}) into {NAMESPACE}")
+            level = args.log_level
+            installed.install({c: {"logLevel": level} for c in ("store", "inventory", "prepare", "attach")})
+            logs = f"{kubectl} -n {NAMESPACE} logs ds/dranet -c <store|inventory|prepare|attach>"
+            say(
+                f"dranet's pod Ready, its four containers judged by their gRPC probes "
+                f"({time.monotonic() - t0:.1f}s; helm install to Ready {installed.installed_s:.1f}s)"
+            )
         print(
             json.dumps(
                 {
@@ -84,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
                     "node": NODE,
                     "node_netns": args.netns,
                     "nics": [f"eth{i}" for i in range(1, args.nics + 1)],
-                    "logs": [str(cluster.logs), str(driver.workdir)],
+                    "logs": [str(cluster.logs), logs],
+                    "metrics": f"http://{cluster.net.node_ip}:9177/metrics" if installed else None,
                     "try": f"{kubectl} get resourceslices -o yaml",
                 }
             ),
@@ -101,7 +126,8 @@ def run(args: argparse.Namespace) -> int:
         say("running; Ctrl-C stops everything")
         deadline = time.monotonic() + args.exit_after if args.exit_after else None
         while not stop.is_set():
-            dead = [n for n, p in {**cluster.procs, **driver.procs}.items() if not _alive(p)]
+            procs = {**cluster.procs, **(driver.procs if driver else {})}
+            dead = [n for n, p in procs.items() if not _alive(p)]
             if dead:
                 say(f"{dead[0]} exited; stopping")
                 return 1
@@ -113,10 +139,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"[up] failed: {exc}", file=sys.stderr, flush=True)
         if driver is not None:
             print(driver.logs(2000), file=sys.stderr, flush=True)
+        if installed is not None:
+            with contextlib.suppress(Exception):
+                print(installed.logs(installed.pod(), 200), file=sys.stderr, flush=True)
         return 1
     finally:
         # Pods go while attach runs, so StopPodSandbox gives their NICs back.
-        cluster.delete_pods()
+        cluster.delete_pods(namespaces_except=(NAMESPACE,))
+        if installed is not None:
+            with contextlib.suppress(Exception):
+                installed.uninstall()
         back = [f"eth{i}" for i in range(1, args.nics + 1) if cluster.net.has_link(f"eth{i}")]
         print(json.dumps({"stopped": True, "nics_on_node": back}), flush=True)
         if driver is not None:

@@ -92,14 +92,17 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
         "attach starting",
         extra={"nri_socket": args.nri_socket, "plugin": f"{args.plugin_index}-{args.plugin_name}"},
     )
+    probes = await service.start_health_listener(args, attach.admin_servicer)
     try:
         await attach.run(stop)
     finally:
         await store.close()
+        await service.stop_health_listener(probes)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    service.apply_common(args)
     try:
         StubConfig(plugin_name=args.plugin_name, plugin_idx=args.plugin_index)
     except ValueError as exc:

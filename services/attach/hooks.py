@@ -30,7 +30,7 @@ from typing import Any, NoReturn, TypeVar
 from proto.dranet.store.v1 import store_pb2 as st
 from proto.nri.v1alpha1 import nri_pb2
 from services.attach.engine import Attached, AttachFailed, Condition, DeviceEngine, Location, ReturnState
-from services.attach.nri.stub import NriHandlers
+from services.attach.nri.stub import NriHandlers, mark_failed, mark_noop
 from services.attach.nri.ttrpc import Code, TtrpcError
 from services.attach.writer import StoreWriter
 from shared.logs import log_fields
@@ -391,6 +391,7 @@ class AttachHooks(NriHandlers):
             configs = sorted((d for d in state.devices if not d.provisional), key=lambda d: d.device)
             if not configs:
                 log.debug("RunPodSandbox: no devices for this pod", extra=self._fields(pod))
+                mark_noop()
                 return
             self.writer.touch(uid)
             netns = pod_netns(pod)
@@ -473,6 +474,7 @@ class AttachHooks(NriHandlers):
             state = await self._read_pod(pod, "CreateContainer")
             configs = [d for d in state.devices if not d.provisional]
         if not configs:
+            mark_noop()
             return None
         self.writer.touch(pod.uid)
         devices = self.engine.container_devices(configs)
@@ -506,6 +508,7 @@ class AttachHooks(NriHandlers):
                 extra=self._fields(pod),
             )
         except Exception:
+            mark_failed()
             log.exception(f"{what} failed; the pod's stop goes on", extra=self._fields(pod))
 
     async def _track_from_store(self, pod: nri_pb2.PodSandbox) -> PodTrack | None:
@@ -534,6 +537,7 @@ class AttachHooks(NriHandlers):
             if track is None:
                 track = await self._track_from_store(pod)
                 if track is None or not track.attached:
+                    mark_noop()
                     return
                 self.pods[pod.uid] = track
             if pod.id and track.sandbox_id and track.sandbox_id != pod.id:
@@ -563,6 +567,8 @@ class AttachHooks(NriHandlers):
                 track = await self._track_from_store(pod)
                 if track is None:
                     return  # the store is away: collect_garbage clears the records later
+                if not track.configs and not track.attached:
+                    mark_noop()
             if pod_netns(pod):
                 track.netns = pod_netns(pod)
             if track.attached:

@@ -19,7 +19,11 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from services.attach.engine import DeviceEngine
 from services.attach.hooks import AttachHooks, HookConfig
@@ -28,6 +32,7 @@ from services.attach.nri.stub import NriStub, RuntimeInfo, StubConfig
 from services.attach.writer import StoreWriter
 from shared.admin import AdminServicer
 from shared.logs import log_fields
+from shared.metrics import NAMESPACE, REGISTRY
 from shared.rpc import UdsServer
 from shared.storeclient import StoreCallError, StoreClient
 
@@ -53,14 +58,28 @@ async def wait_for_nri_quiet(store: StoreClient, writer: StoreWriter, cfg: Drain
     start = time.time_ns()
     quiet_ns = int(cfg.quiet_s * 1e9)
     deadline = time.monotonic() + cfg.timeout_s
+    unreachable_since: float | None = None
     while True:
         with contextlib.suppress(TimeoutError):
             await writer.flush(1.0)  # our own activity stamps first
+        wake = cfg.poll_s
         try:
             listing = await store.list()
+            unreachable_since = None
         except StoreCallError as exc:
-            log.warning("graceful stop: cannot list the store", extra=log_fields(error=str(exc)))
+            # Without the store nothing new can be prepared either: waiting longer than one
+            # quiet period for it would only hold the pod's stop (and the node's next driver).
+            now_m = time.monotonic()
+            unreachable_since = unreachable_since if unreachable_since is not None else now_m
+            if now_m - unreachable_since >= cfg.quiet_s:
+                log.warning(
+                    "graceful stop: the store is gone; stopping without its list",
+                    extra=log_fields(error=str(exc), waited_s=round(now_m - unreachable_since, 1)),
+                )
+                return "store unavailable"
+            log.info("graceful stop: cannot list the store yet", extra=log_fields(error=str(exc)))
             listing = None
+            wake = min(cfg.poll_s, 1.0)
         if listing is not None:
             # Provisional configs count: prepare is working on that pod right now.
             prepared = {d.pod.uid for d in listing.devices}
@@ -68,18 +87,62 @@ async def wait_for_nri_quiet(store: StoreClient, writer: StoreWriter, cfg: Drain
                 return "no prepared pods"
             last = {a.pod_uid: a.last_nri_activity_unix_nano for a in listing.activities}
             now = time.time_ns()
-            busy = sorted(uid for uid in prepared if now - (last.get(uid) or start) < quiet_ns)
+            busy = {
+                uid: (last.get(uid) or start) for uid in prepared if now - (last.get(uid) or start) < quiet_ns
+            }
             if not busy:
                 return f"{len(prepared)} prepared pods quiet for {cfg.quiet_s}s"
             log.info(
                 "graceful stop: waiting for prepared pods to finish their NRI hooks",
-                extra=log_fields(prepared=len(prepared), busy=len(busy), pods=busy[:10]),
+                extra=log_fields(prepared=len(prepared), busy=len(busy), pods=sorted(busy)[:10]),
             )
+            # Look again when the first busy pod would turn quiet, not a whole poll later.
+            first_quiet_s = (min(busy.values()) + quiet_ns - now) / 1e9
+            wake = min(cfg.poll_s, max(0.05, first_quiet_s + 0.01))
         left = deadline - time.monotonic()
         if left <= 0:
             log.warning(f"graceful stop: gave up waiting after {cfg.timeout_s}s")
             return "timeout"
-        await asyncio.sleep(min(cfg.poll_s, left))
+        await asyncio.sleep(min(wake, left))
+
+
+class _AttachCollector(Collector):
+    """The attach service's own gauges, read at scrape time."""
+
+    def __init__(self) -> None:
+        self.service: AttachService | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        svc = self.service
+        if svc is None:
+            return
+        yield GaugeMetricFamily(
+            f"{NAMESPACE}_attach_nri_connected",
+            "1 while the NRI plugin is registered and synchronized with the runtime.",
+            value=1.0 if svc.stub.connected else 0.0,
+        )
+        yield CounterMetricFamily(
+            f"{NAMESPACE}_attach_nri_connects",
+            "Connections made to the runtime's NRI socket.",
+            value=svc.stub.connects,
+        )
+        yield GaugeMetricFamily(
+            f"{NAMESPACE}_attach_pods", "Pods the attach service tracks.", value=len(svc.hooks.pods)
+        )
+        yield GaugeMetricFamily(
+            f"{NAMESPACE}_attach_devices_lost",
+            "Devices the last recovery after Synchronize could not find (see the attach logs).",
+            value=len(svc.hooks.recovery.lost),
+        )
+        yield GaugeMetricFamily(
+            f"{NAMESPACE}_attach_store_writes_pending",
+            "Results and activity stamps not yet written to the store.",
+            value=svc.writer.pending,
+        )
+
+
+_COLLECTOR = _AttachCollector()
+REGISTRY.register(_COLLECTOR)
 
 
 class AttachService:
@@ -103,7 +166,9 @@ class AttachService:
         self.stub = NriStub(
             self.hooks, stub_config, on_connected=self._on_connected, on_disconnected=self._on_disconnected
         )
-        self.admin = UdsServer(admin_socket).add(AdminServicer("attach", self.health).register)
+        self.admin_servicer = AdminServicer("attach", self.health)
+        self.admin = UdsServer(admin_socket).add(self.admin_servicer.register)
+        _COLLECTOR.service = self
         self._stub_task: asyncio.Task[None] | None = None
         self._background: list[asyncio.Task[None]] = []
         self.draining = False
@@ -163,6 +228,7 @@ class AttachService:
     async def graceful_stop(self) -> None:
         log.info("graceful stop: draining", extra=log_fields(**vars(self.drain)))
         self.draining = True
+        await self.admin_servicer.grpc_health.stopping()
         self.liveness.set(draining=True)
         why = await wait_for_nri_quiet(self.store, self.writer, self.drain)
         log.info("graceful stop: stopping the NRI plugin", extra=log_fields(reason=why))

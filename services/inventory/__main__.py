@@ -1,5 +1,8 @@
 """dranet-inventory: discovers the node's network and RDMA devices, publishes them
-as ResourceSlices and answers device lookups on <run-dir>/inventory.sock.
+as ResourceSlices and answers device lookups on <run-dir>/inventory.sock. It also
+serves the pod's HTTP endpoint (--metrics-port: /metrics of all four services,
+/healthz, /readyz; shared/httpendpoint.py): this process already carries
+kubernetes_asyncio and aiohttp, so FastAPI and uvicorn add the least here.
 
     python -m services.inventory --node-name node1 --kubeconfig kubeconfig.yaml
 """
@@ -29,16 +32,24 @@ from services.inventory.inventory import (
     Inventory,
     InventoryConfig,
 )
+from services.inventory.metrics import InventoryCollector
 from services.inventory.publisher import Publisher, SliceClient, make_api_client
 from services.inventory.rdma import read_netns_mode
 from services.inventory.server import InventoryServicer
 from shared import service
 from shared.admin import AdminServicer
+from shared.health import HealthListener
+from shared.httpendpoint import DEFAULT_ADDRESS as DEFAULT_METRICS_ADDRESS
+from shared.httpendpoint import DEFAULT_PORT as DEFAULT_METRICS_PORT
+from shared.httpendpoint import HttpEndpoint, Scraper
+from shared.metrics import REGISTRY
 from shared.rpc import UdsServer
 
 log = logging.getLogger("services.inventory")
 
 SERVICE = "inventory"
+# The services whose metrics and readiness the pod's endpoint gathers, on <run-dir>/<name>.sock.
+POD_SERVICES = ("store", "inventory", "prepare", "attach")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -148,6 +159,20 @@ def build_parser() -> argparse.ArgumentParser:
         const=True,
         help="hand out IPoIB netdevs with their PCI device (true); false publishes such devices RDMA-only",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=service.port_number,
+        default=DEFAULT_METRICS_PORT,
+        help="HTTP port of the pod's endpoint: /metrics (all four services, with a `service` label), "
+        f"/healthz, /readyz; 0: off (default {DEFAULT_METRICS_PORT}, as dranet)",
+    )
+    p.add_argument(
+        "--metrics-address",
+        type=service.ip_address,
+        default=os.environ.get("DRANET_METRICS_ADDRESS") or DEFAULT_METRICS_ADDRESS,
+        help="IP address of the --metrics-port endpoint (default: $DRANET_METRICS_ADDRESS, else "
+        f"{DEFAULT_METRICS_ADDRESS}, every IPv4 address; :: for dual-stack)",
+    )
     cloud_discovery.add_flags(p)
     return p
 
@@ -171,6 +196,10 @@ async def run(args: argparse.Namespace, device_filter: DeviceFilter | None, stop
     publisher: Publisher | None = None
     server: UdsServer | None = None
     tasks: list[asyncio.Task[None]] = []
+    admin: AdminServicer | None = None
+    collector: InventoryCollector | None = None
+    probes: HealthListener | None = None
+    endpoint: HttpEndpoint | None = None
     try:
         node_labels = None
         if api_client is not None:
@@ -213,11 +242,16 @@ async def run(args: argparse.Namespace, device_filter: DeviceFilter | None, stop
         server = (
             UdsServer(service.socket_path(args.run_dir, SERVICE)).add(servicer.register).add(admin.register)
         )
+        collector = InventoryCollector(inventory, publisher)
+        REGISTRY.register(collector)
         if publisher is not None:
             tasks.append(asyncio.create_task(publisher.run(stop), name="publisher"))
             tasks.append(asyncio.create_task(publisher.watch(stop), name="slice-watch"))
         tasks.append(asyncio.create_task(inventory.run(stop), name="rescan"))
         await server.start()
+        probes = await service.start_health_listener(args, admin)
+        if args.metrics_port:
+            endpoint = await start_endpoint(args, admin)
         log.info(
             "inventory started",
             extra={
@@ -238,6 +272,10 @@ async def run(args: argparse.Namespace, device_filter: DeviceFilter | None, stop
         log.info("stopping; ResourceSlices are left for the kubelet to clean up, as dranet does")
     finally:
         stop.set()
+        if admin is not None:
+            await admin.grpc_health.stopping()
+        if endpoint is not None:
+            await endpoint.stop()
         if server is not None:
             await server.stop()
         for t in tasks:
@@ -249,10 +287,22 @@ async def run(args: argparse.Namespace, device_filter: DeviceFilter | None, stop
             await providers.close()
         if api_client is not None:
             await api_client.close()
+        if collector is not None:
+            REGISTRY.unregister(collector)
+        await service.stop_health_listener(probes)
+
+
+async def start_endpoint(args: argparse.Namespace, admin: AdminServicer) -> HttpEndpoint:
+    """The pod's HTTP endpoint, started (FastAPI and uvicorn are imported only now)."""
+    sockets = {name: service.socket_path(args.run_dir, name) for name in POD_SERVICES}
+    endpoint = HttpEndpoint(Scraper(sockets, local=admin), args.metrics_address, args.metrics_port)
+    await endpoint.start()
+    return endpoint
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    service.apply_common(args)
     # As Kubernetes' nodeutil.GetHostname: node names are lower case.
     args.node_name = args.node_name.strip().lower()
     if not args.node_name:

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from services.inventory import pooling
+from services.inventory import metrics, pooling
 from services.inventory.pooling import Json, PublishedSlice
 
 log = logging.getLogger(__name__)
@@ -203,6 +203,7 @@ class Publisher:
         self._desired = list(devices)
         self._version += 1
         self._wake.set()
+        metrics.devices_to_publish(self._desired)
 
     @property
     def healthy(self) -> bool:
@@ -260,6 +261,7 @@ class Publisher:
                     continue
                 backoff = self.backoff_initial
                 self.last_error = ""
+                metrics.published()
                 async with self._synced:
                     self._synced_version = max(self._synced_version, version)
                     self._synced.notify_all()

@@ -88,10 +88,12 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
             return False, registration.last_error or "not registered with the kubelet yet"
         return True, ""
 
-    admin = UdsServer(service.socket_path(run_dir, "prepare")).add(AdminServicer("prepare", health).register)
+    admin_servicer = AdminServicer("prepare", health)
+    admin = UdsServer(service.socket_path(run_dir, "prepare")).add(admin_servicer.register)
     status = ClaimStatusWriter(store, kube, args.driver_name)
     status_task = asyncio.create_task(status.run(stop))
     await admin.start()
+    probes = await service.start_health_listener(args, admin_servicer)
     # The DRA socket first: the kubelet dials it as soon as it sees the registration.
     await dra_server.start()
     await reg_server.start()
@@ -103,6 +105,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     # Graceful stop, step 1: no new Prepare calls. Removing the registration
     # socket makes the kubelet deregister the plugin.
     log.info("prepare stopping")
+    await admin_servicer.grpc_health.stopping()
     await reg_server.stop(grace=0)
     await dra_server.stop(grace=10.0)
     status_task.cancel()
@@ -112,10 +115,12 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     await store.close()
     await inventory.close()
     await kube.close()
+    await service.stop_health_listener(probes)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    service.apply_common(args)
     service.run("prepare", args.log_level, lambda stop: serve(args, stop))
 
 

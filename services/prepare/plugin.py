@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 import grpc
+from prometheus_client import Counter, Histogram
 
 from proto.kubelet.dra.v1 import dra_pb2 as v1
 from proto.kubelet.dra.v1 import dra_pb2_grpc as v1_grpc
@@ -21,8 +24,39 @@ from proto.kubelet.dra.v1beta1 import dra_pb2_grpc as v1beta1_grpc
 from proto.kubelet.pluginregistration.v1 import registration_pb2 as reg
 from proto.kubelet.pluginregistration.v1 import registration_pb2_grpc as reg_grpc
 from services.prepare.pipeline import ClaimRef, ClaimResult, Preparer
+from shared.metrics import DRIVER_SUBSYSTEM, NAMESPACE, REGISTRY, STATUS_FAILED, STATUS_SUCCESS
 
 log = logging.getLogger(__name__)
+
+R = TypeVar("R", bound=Mapping[str, Any])
+
+# dranet's method label values (pkg/driver/metrics.go), for both API versions.
+METHOD_PREPARE = "PrepareResourceClaims"
+METHOD_UNPREPARE = "UnprepareResourceClaims"
+# dranet's names, help texts, labels and (default) buckets.
+DRA_REQUESTS = Counter(
+    "dra_plugin_requests_total",
+    "Total number of DRA plugin requests.",
+    ["method", "status"],
+    namespace=NAMESPACE,
+    subsystem=DRIVER_SUBSYSTEM,
+    registry=REGISTRY,
+)
+DRA_LATENCY = Histogram(
+    "dra_plugin_requests_latency_seconds",
+    "DRA plugin request latency in seconds.",
+    ["method"],
+    namespace=NAMESPACE,
+    subsystem=DRIVER_SUBSYSTEM,
+    registry=REGISTRY,
+)
+# Ours: a request carries any number of claims; this counts them one by one.
+CLAIMS = Counter(
+    f"{NAMESPACE}_prepare_claims_total",
+    "Claims in NodePrepareResources/NodeUnprepareResources requests, by method and outcome.",
+    ["method", "status"],
+    registry=REGISTRY,
+)
 
 PLUGIN_TYPE = "DRAPlugin"
 # Newest first: the kubelet takes the first entry it supports.
@@ -70,11 +104,33 @@ class DraService:
 
     async def prepare(self, claims: list[ClaimRef]) -> dict[str, ClaimResult]:
         async with self._lock:
-            return await self.preparer.prepare(claims)
+            return await _measured(
+                METHOD_PREPARE, lambda: self.preparer.prepare(claims), lambda r: bool(r.error)
+            )
 
     async def unprepare(self, claims: list[ClaimRef]) -> dict[str, str]:
         async with self._lock:
-            return await self.preparer.unprepare(claims)
+            return await _measured(METHOD_UNPREPARE, lambda: self.preparer.unprepare(claims), bool)
+
+
+async def _measured(method: str, call: Callable[[], Awaitable[R]], failed: Callable[[Any], bool]) -> R:
+    """dranet's accounting: the latency of every call, and the call counted failed
+    when it raised or any claim in it failed."""
+    started = time.perf_counter()
+    try:
+        results = await call()
+    except BaseException:
+        DRA_REQUESTS.labels(method, STATUS_FAILED).inc()
+        raise
+    finally:
+        DRA_LATENCY.labels(method).observe(time.perf_counter() - started)
+    bad = sum(1 for r in results.values() if failed(r))
+    DRA_REQUESTS.labels(method, STATUS_FAILED if bad else STATUS_SUCCESS).inc()
+    if bad:
+        CLAIMS.labels(method, STATUS_FAILED).inc(bad)
+    if len(results) > bad:
+        CLAIMS.labels(method, STATUS_SUCCESS).inc(len(results) - bad)
+    return results
 
 
 def _refs(claims: Any) -> list[ClaimRef]:

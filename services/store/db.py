@@ -171,6 +171,19 @@ class StoreDB:
             self._env.close()
             self._env = None
 
+    def counts(self) -> dict[Table, int]:
+        """How many records each table holds (from memory; for metrics)."""
+        mem = self._mem
+        return {"devices": len(mem.devices), "results": len(mem.results), "activity": len(mem.activity)}
+
+    def health(self) -> tuple[bool, str]:
+        """Ready while the LMDB environment is open and the last write did not break it."""
+        if self._env is None:
+            return False, f"store at {self.path} is not open"
+        if self._broken:
+            return False, f"store at {self.path}: the last disk write failed; reopening on the next write"
+        return True, ""
+
     def _load(self) -> None:
         assert self._env is not None
         mem = _Memory()

@@ -20,12 +20,14 @@ import grpc
 
 from proto.dranet.store.v1 import store_pb2 as pb
 from proto.dranet.store.v1 import store_pb2_grpc
+from services.store import metrics
 from services.store.db import Change, StoreDB, StoreError
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 WATCH_QUEUE = 4096
+_CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 
 
 class _Closed:
@@ -106,6 +108,13 @@ class StoreService(store_pb2_grpc.PodConfigStoreServicer):
         self._closing = asyncio.Event()
         self._open_streams = 0
         self._streams_ended = asyncio.Event()
+        metrics.bind(
+            revision=lambda: self.db.revision,
+            records=self.db.counts,
+            map_size=lambda: self.db.map_size,
+            streams=lambda: self._open_streams,
+            attach_connected=lambda: self.liveness.state.connected,
+        )
 
     async def end_streams(self, within: float = 2.0) -> None:
         """End every Watch, Session and ReportLiveness stream from our side, as finished calls.
@@ -179,14 +188,24 @@ class StoreService(store_pb2_grpc.PodConfigStoreServicer):
                     w.queue.get_nowait()
                 w.queue.put_nowait(None)
 
-    async def _call(self, context: grpc.aio.ServicerContext, op: Awaitable[T] | Callable[[], T]) -> T:
+    async def _call(
+        self, context: grpc.aio.ServicerContext, name: str, op: Awaitable[T] | Callable[[], T]
+    ) -> T:
+        started = time.perf_counter()
+        status = "INTERNAL"
         try:
-            if callable(op):
-                return op()
-            return await op
+            result = op() if callable(op) else await op
+            status = "OK"
+            return result
         except StoreError as exc:
+            status = exc.code
             await context.abort(getattr(grpc.StatusCode, exc.code), str(exc))
             raise AssertionError("unreachable") from None
+        except asyncio.CancelledError:
+            status = "CANCELLED"
+            raise
+        finally:
+            metrics.record(name, status, time.perf_counter() - started)
 
     # --- operations shared by unary calls and sessions ---------------------------------
 
@@ -219,37 +238,39 @@ class StoreService(store_pb2_grpc.PodConfigStoreServicer):
     # --- unary gRPC ---------------------------------------------------------------------
 
     async def PutDevices(self, request: pb.PutDevicesRequest, context: Any) -> pb.PutDevicesResponse:
-        return await self._call(context, self.put_devices(request))
+        return await self._call(context, "put_devices", self.put_devices(request))
 
     async def GetDevice(self, request: pb.DeviceKey, context: Any) -> pb.DeviceConfig:
-        return await self._call(context, lambda: self.db.get_device(request.pod_uid, request.device))
+        return await self._call(
+            context, "get_device", lambda: self.db.get_device(request.pod_uid, request.device)
+        )
 
     async def DeleteDevice(self, request: pb.DeviceKey, context: Any) -> pb.DeleteResponse:
-        return await self._call(context, self.delete_device(request))
+        return await self._call(context, "delete_device", self.delete_device(request))
 
     async def GetPod(self, request: pb.PodKey, context: Any) -> pb.PodState:
-        return await self._call(context, lambda: self.db.pod_state(request.pod_uid))
+        return await self._call(context, "get_pod", lambda: self.db.pod_state(request.pod_uid))
 
     async def DeletePod(self, request: pb.PodKey, context: Any) -> pb.DeleteResponse:
-        return await self._call(context, self.delete_pod(request))
+        return await self._call(context, "delete_pod", self.delete_pod(request))
 
     async def ClearAttachState(self, request: pb.PodKey, context: Any) -> pb.DeleteResponse:
-        return await self._call(context, self.clear_attach_state(request))
+        return await self._call(context, "clear_attach_state", self.clear_attach_state(request))
 
     async def DeleteClaim(self, request: pb.ClaimKey, context: Any) -> pb.DeleteClaimResponse:
-        return await self._call(context, self.delete_claim(request))
+        return await self._call(context, "delete_claim", self.delete_claim(request))
 
     async def List(self, request: pb.ListRequest, context: Any) -> pb.ListResponse:
-        return self.db.list(request.pod_uid, request.claim_uid)
+        return await self._call(context, "list", lambda: self.db.list(request.pod_uid, request.claim_uid))
 
     async def PutAttachResult(self, request: pb.AttachResult, context: Any) -> pb.PutResponse:
-        return await self._call(context, self.put_attach_result(request))
+        return await self._call(context, "put_attach_result", self.put_attach_result(request))
 
     async def TouchPod(self, request: pb.PodActivity, context: Any) -> pb.PutResponse:
-        return await self._call(context, self.touch_pod(request))
+        return await self._call(context, "touch_pod", self.touch_pod(request))
 
     async def GetLiveness(self, request: pb.GetLivenessRequest, context: Any) -> pb.AttachLiveness:
-        return self.liveness.state
+        return await self._call(context, "get_liveness", lambda: self.liveness.state)
 
     async def ReportLiveness(
         self, request_iterator: AsyncIterator[pb.LivenessReport], context: Any
@@ -357,6 +378,13 @@ class StoreService(store_pb2_grpc.PodConfigStoreServicer):
             t.add_done_callback(pending.discard)
 
     async def _session_call(self, req: pb.SessionRequest) -> pb.SessionResponse:
+        started = time.perf_counter()
+        resp = await self._session_op(req)
+        op = req.WhichOneof("op") or "none"
+        metrics.record(op, _CODE_NAMES.get(resp.code, str(resp.code)), time.perf_counter() - started)
+        return resp
+
+    async def _session_op(self, req: pb.SessionRequest) -> pb.SessionResponse:
         resp = pb.SessionResponse(id=req.id)
         op = req.WhichOneof("op")
         try:

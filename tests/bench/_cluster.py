@@ -75,7 +75,7 @@ class KeepAlive:
     """Blocking JSON calls over one kept-alive HTTPS connection, as admin."""
 
     def __init__(self, cluster: KubeCluster, kubelet: bool = False) -> None:
-        self.host = cluster.net.host_ip
+        self.host = cluster.net.node_ip if kubelet else cluster.net.host_ip
         self.port = cluster.kubelet_port if kubelet else cluster.api_port
         self.ctx = _context(cluster, kubelet)
         self.conn: http.client.HTTPSConnection | None = None

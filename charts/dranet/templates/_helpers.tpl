@@ -47,3 +47,43 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $c := index $root.Values (index . 1) -}}
 {{- default $root.Values.image.pullPolicy $c.image.pullPolicy -}}
 {{- end -}}
+
+{{/* The pod's IP (the node's, with hostNetwork): where the kubelet sends gRPC probes. */}}
+{{- define "dranet.podIPEnv" -}}
+- name: POD_IP
+  valueFrom: {fieldRef: {fieldPath: status.podIP}}
+{{- end -}}
+
+{{/* grpc.health.v1 on a TCP port of the component's own, at the pod IP. (list $ "store") */}}
+{{- define "dranet.healthArgs" -}}
+{{- $root := index . 0 -}}
+{{- $c := index $root.Values (index . 1) -}}
+- --health-address=$(POD_IP)
+- --health-port={{ $c.healthPort }}
+{{- end -}}
+
+{{/* Native gRPC probes. Readiness asks for the component's own status (dranet.<component>),
+     liveness only whether the process answers ("liveness"): a component that is up but not
+     ready (attach without NRI, prepare not yet registered) is not restarted for it. Startup
+     asks for readiness only of the store, since the other three start once it passes. */}}
+{{- define "dranet.probes" -}}
+{{- $root := index . 0 -}}
+{{- $name := index . 1 -}}
+{{- $c := index $root.Values $name -}}
+{{- $p := $root.Values.probes -}}
+startupProbe:
+  grpc: {port: {{ $c.healthPort }}, service: {{ if eq $name "store" }}"dranet.store"{{ else }}liveness{{ end }}}
+  periodSeconds: 1
+  timeoutSeconds: {{ $p.timeoutSeconds }}
+  failureThreshold: {{ $p.startupSeconds }}
+readinessProbe:
+  grpc: {port: {{ $c.healthPort }}, service: {{ printf "dranet.%s" $name | quote }}}
+  periodSeconds: {{ $p.readinessPeriodSeconds }}
+  timeoutSeconds: {{ $p.timeoutSeconds }}
+  failureThreshold: 1
+livenessProbe:
+  grpc: {port: {{ $c.healthPort }}, service: liveness}
+  periodSeconds: {{ $p.livenessPeriodSeconds }}
+  timeoutSeconds: {{ $p.timeoutSeconds }}
+  failureThreshold: {{ $p.livenessFailureThreshold }}
+{{- end -}}

@@ -12,12 +12,19 @@ Hooks get a deadline below the runtime's request timeout: a hook that overruns
 it is cancelled and answered with DEADLINE_EXCEEDED, which fails that one CRI
 operation (the kubelet retries) instead of letting the runtime drop the plugin
 and start the pod without the plugin's changes.
+
+Every request is counted and timed as dranet does
+(``dranet_driver_nri_plugin_requests_total`` and ``..._latency_seconds`` by
+method and status): "failed" when it raised or called ``mark_failed``, "noop"
+when the hook called ``mark_noop`` (it had nothing of dra.net's to do), else
+"success".
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import re
 import time
@@ -25,13 +32,62 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from prometheus_client import Counter, Histogram
+
 from proto.nri.v1alpha1 import nri_pb2
 from services.attach.nri.connection import NriConnection
 from services.attach.nri.rpc import ConnectionClosed, Handler, ProtoMessage, parse
 from services.attach.nri.ttrpc import Code, TtrpcError
 from shared.logs import log_fields
+from shared.metrics import DRIVER_SUBSYSTEM, NAMESPACE, REGISTRY, STATUS_FAILED, STATUS_NOOP, STATUS_SUCCESS
 
 log = logging.getLogger(__name__)
+
+# dranet's names, help texts, labels and (default) buckets (pkg/driver/metrics.go).
+NRI_REQUESTS = Counter(
+    "nri_plugin_requests_total",
+    "Total number of NRI plugin requests.",
+    ["method", "status"],
+    namespace=NAMESPACE,
+    subsystem=DRIVER_SUBSYSTEM,
+    registry=REGISTRY,
+)
+NRI_LATENCY = Histogram(
+    "nri_plugin_requests_latency_seconds",
+    "NRI plugin request latency in seconds.",
+    ["method", "status"],
+    namespace=NAMESPACE,
+    subsystem=DRIVER_SUBSYSTEM,
+    registry=REGISTRY,
+)
+# The status of the request being handled; a one-item list, so that tasks the hook
+# spawns (they copy the context) can set it too.
+_outcome: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("nri_outcome", default=None)
+
+# How to turn NRI on, for the warning while the runtime's socket cannot be reached.
+NRI_HINT = (
+    "the container runtime's NRI must be enabled and its socket mounted into the attach container: "
+    "containerd 2.x enables NRI by default; containerd 1.7 needs "
+    '[plugins."io.containerd.nri.v1.nri"] disable = false in /etc/containerd/config.toml, then a '
+    "containerd restart; the socket is /var/run/nri/nri.sock (--nri-socket)"
+)
+
+
+def mark_noop() -> None:
+    """Called by a hook that found nothing of dra.net's to do (a pod without our
+    devices): the request counts with status "noop", as dranet's do."""
+    cell = _outcome.get()
+    if cell is not None:
+        cell[0] = STATUS_NOOP
+
+
+def mark_failed() -> None:
+    """Called by a hook that answers the runtime with success although its work
+    failed (StopPodSandbox never fails the pod's stop): the request counts "failed"."""
+    cell = _outcome.get()
+    if cell is not None:
+        cell[0] = STATUS_FAILED
+
 
 PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
 RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
@@ -186,6 +242,14 @@ _REQUESTS: dict[int, str] = {
 _POD_EVENTS = {nri_pb2.RUN_POD_SANDBOX, nri_pb2.STOP_POD_SANDBOX, nri_pb2.REMOVE_POD_SANDBOX}
 
 
+def _state_change_method(evt: nri_pb2.StateChangeEvent) -> str:
+    """The metrics method label of an event delivered by StateChange: the name of its
+    dedicated RPC (RunPodSandbox, ...), as newer runtimes call it."""
+    if evt.event in _NOTIFICATIONS:
+        return _NOTIFICATIONS[evt.event][1]
+    return "StateChange"
+
+
 def implemented_events(handlers: NriHandlers) -> list[int]:
     """Event values whose hook ``handlers`` overrides, in enum order."""
     names = {**{e: v[0] for e, v in _NOTIFICATIONS.items()}, **_REQUESTS}
@@ -213,6 +277,9 @@ class StubConfig:
     backoff_max: float = 5.0
     # Sent in RegisterPluginRequest.NRI_version (v0.12+ runtimes); empty: unset.
     nri_version: str = ""
+    # While the runtime's socket cannot be reached: a warning with NRI_HINT at the first
+    # failure after start or after a disconnect, then at most once per this many seconds.
+    unreachable_warning_s: float = 300.0
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.plugin_name):
@@ -272,6 +339,8 @@ class NriStub:
         self._connected = asyncio.Event()
         self.connects = 0
         self.syncs = 0
+        # When the NRI_HINT warning was last logged; None: not since the last connect.
+        self._hint_logged: float | None = None
 
     # -- public ---------------------------------------------------------------
 
@@ -319,7 +388,18 @@ class NriStub:
         try:
             conn = await NriConnection.open_unix(cfg.socket_path, self._services(session), name="nri")
         except OSError as e:
-            log.info("NRI runtime socket not reachable: %s", e, extra=log_fields(socket=cfg.socket_path))
+            now = time.monotonic()
+            if self._hint_logged is None or now - self._hint_logged >= cfg.unreachable_warning_s:
+                self._hint_logged = now
+                log.warning(
+                    "not connected to NRI: the runtime socket %s cannot be reached (%s); %s",
+                    cfg.socket_path,
+                    e,
+                    NRI_HINT,
+                    extra=log_fields(socket=cfg.socket_path),
+                )
+            else:
+                log.info("NRI runtime socket not reachable: %s", e, extra=log_fields(socket=cfg.socket_path))
             return False
         self._conn = conn
         self.connects += 1
@@ -349,6 +429,7 @@ class NriStub:
                 reason = "plugin stopping" if self._stop.is_set() else conn.close_reason
                 return False
             self._connected.set()
+            self._hint_logged = None
             info = session.runtime
             assert info is not None
             log.info(
@@ -392,27 +473,38 @@ class NriStub:
 
     def _services(self, session: _Session) -> Mapping[str, Mapping[str, Handler]]:
         methods: dict[str, Handler] = {
-            "Configure": self._method(nri_pb2.ConfigureRequest, lambda r: self._configure(session, r)),
-            "Synchronize": self._method(nri_pb2.SynchronizeRequest, lambda r: self._synchronize(session, r)),
-            "Shutdown": self._method(nri_pb2.Empty, self._shutdown),
-            "StateChange": self._method(nri_pb2.StateChangeEvent, self._state_change),
+            "Configure": self._method(
+                "Configure", nri_pb2.ConfigureRequest, lambda r: self._configure(session, r)
+            ),
+            "Synchronize": self._method(
+                "Synchronize", nri_pb2.SynchronizeRequest, lambda r: self._synchronize(session, r)
+            ),
+            "Shutdown": self._method("Shutdown", nri_pb2.Empty, self._shutdown),
+            "StateChange": self._method("StateChange", nri_pb2.StateChangeEvent, self._state_change),
         }
         for event in self.events:
             if event in _NOTIFICATIONS:
                 _, rpc, req_type, resp_type = _NOTIFICATIONS[event]
-                methods[rpc] = self._method(req_type, self._notification(event, resp_type))
+                methods[rpc] = self._method(rpc, req_type, self._notification(event, resp_type))
         if nri_pb2.CREATE_CONTAINER in self.events:
-            methods["CreateContainer"] = self._method(nri_pb2.CreateContainerRequest, self._create_container)
+            methods["CreateContainer"] = self._method(
+                "CreateContainer", nri_pb2.CreateContainerRequest, self._create_container
+            )
         if nri_pb2.UPDATE_CONTAINER in self.events:
-            methods["UpdateContainer"] = self._method(nri_pb2.UpdateContainerRequest, self._update_container)
+            methods["UpdateContainer"] = self._method(
+                "UpdateContainer", nri_pb2.UpdateContainerRequest, self._update_container
+            )
         if nri_pb2.STOP_CONTAINER in self.events:
-            methods["StopContainer"] = self._method(nri_pb2.StopContainerRequest, self._stop_container)
+            methods["StopContainer"] = self._method(
+                "StopContainer", nri_pb2.StopContainerRequest, self._stop_container
+            )
         return {PLUGIN_SERVICE: methods}
 
-    def _method(self, req_type: type[M], fn: Callable[[M], Awaitable[ProtoMessage]]) -> Handler:
+    def _method(self, name: str, req_type: type[M], fn: Callable[[M], Awaitable[ProtoMessage]]) -> Handler:
         async def handle(payload: bytes, deadline: float | None) -> bytes:
             req = parse(req_type, payload, PLUGIN_SERVICE)
-            resp = await self._guard(req_type.__name__, req, fn(req), deadline)
+            method = _state_change_method(req) if isinstance(req, nri_pb2.StateChangeEvent) else name
+            resp = await self._guard(req_type.__name__, req, fn(req), deadline, method)
             return resp.SerializeToString()
 
         return handle
@@ -430,7 +522,7 @@ class NriStub:
             runtime_left = DEFAULT_REQUEST_TIMEOUT
         return max(0.0, min(cfg.handler_timeout, runtime_left * cfg.handler_timeout_share))
 
-    async def _guard(self, what: str, req: Any, work: Awaitable[M], deadline: float | None) -> M:
+    async def _guard(self, what: str, req: Any, work: Awaitable[M], deadline: float | None, method: str) -> M:
         budget = self._budget(deadline)
         pod = getattr(req, "pod", None)
         fields = log_fields(
@@ -439,10 +531,13 @@ class NriStub:
             pod_uid=pod.uid if pod is not None else None,
         )
         start = time.monotonic()
+        outcome = [STATUS_SUCCESS]
+        token = _outcome.set(outcome)
         try:
             async with asyncio.timeout(budget):
                 resp = await work
         except TimeoutError:
+            outcome[0] = STATUS_FAILED
             elapsed = time.monotonic() - start
             if budget is not None and elapsed >= budget:
                 log.error(
@@ -455,6 +550,14 @@ class NriStub:
                     Code.DEADLINE_EXCEEDED, f"dra.net {what} handler exceeded its {budget:.3f}s deadline"
                 ) from None
             raise
+        except BaseException:
+            outcome[0] = STATUS_FAILED
+            raise
+        finally:
+            _outcome.reset(token)
+            status = outcome[0]
+            NRI_REQUESTS.labels(method, status).inc()
+            NRI_LATENCY.labels(method, status).observe(time.monotonic() - start)
         elapsed = time.monotonic() - start
         if budget is not None and elapsed > budget * self.config.slow_handler_share:
             log.warning(

@@ -325,6 +325,27 @@ async def test_graceful_stop_drains_serves_prepared_pods_then_leaves(world: Worl
     assert "graceful stop: waiting for prepared pods to finish their NRI hooks" in order
 
 
+async def test_graceful_stop_without_the_store_ends_after_one_quiet_period(world: World) -> None:
+    """The store gone before attach's SIGTERM (as when a pod's containers all stop at once):
+    the drain cannot list prepared pods and gives up after one quiet period, not after its
+    timeout, and attach exits 0."""
+    world.attach.stop()
+    world.attach.args += ["--drain-quiet", "2", "--drain-poll", "0.5", "--drain-timeout", "300"]
+    world.attach.start()
+    await env.wait_liveness(world.store, connected=True)
+    world.store_proc.kill()
+    assert world.attach.proc is not None
+    t0 = time.monotonic()
+    world.attach.proc.send_signal(signal.SIGTERM)
+    code = await asyncio.to_thread(world.attach.proc.wait, 30)
+    took = time.monotonic() - t0
+    assert code == 0
+    assert took < 15, f"attach took {took:.1f}s to stop without its store"
+    msgs = [line["msg"] for line in env.attach_log_lines(world.attach)]
+    assert "graceful stop: the store is gone; stopping without its list" in msgs
+    world.store_proc.start()
+
+
 async def test_store_outage_fails_new_pods_retryably_and_loses_no_record(world: World) -> None:
     """With the store down, a running pod still stops cleanly (the hooks know what it
     holds) and its record is written once the store is back; a new pod cannot start

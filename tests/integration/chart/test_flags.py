@@ -32,7 +32,7 @@ PARSERS: dict[str, Callable[[list[str]], argparse.Namespace]] = {
 
 def parse(service: str, argv: list[str]) -> argparse.Namespace:
     err = io.StringIO()
-    argv = [a.replace("$(NODE_NAME)", "node-a") for a in argv]
+    argv = [a.replace("$(NODE_NAME)", "node-a").replace("$(POD_IP)", "10.1.2.3") for a in argv]
     try:
         with contextlib.redirect_stderr(err):
             return PARSERS[service](argv)
@@ -53,8 +53,10 @@ def parse(service: str, argv: list[str]) -> argparse.Namespace:
 )
 def test_chart_flags_parse(values: dict[str, Any]) -> None:
     (ds,) = by_kind(render(values), "DaemonSet")
-    for c in ds["spec"]["template"]["spec"]["containers"]:
+    spec = ds["spec"]["template"]["spec"]
+    for c in spec["initContainers"] + spec["containers"]:
         args = parse(c["name"], c["args"])
+        assert args.health_address == "10.1.2.3" and args.health_port == c["readinessProbe"]["grpc"]["port"]
         assert args.run_dir == "/var/run/dranet"
         if c["name"] == "prepare":
             assert args.kubelet_root_dir == values.get("kubeletRootDir", "/var/lib/kubelet")

@@ -218,16 +218,69 @@ def test_unary_api_and_stale_socket(tmp_path: Path) -> None:
             with pytest.raises(grpc.RpcError) as err:
                 stub.GetDevice(pb.DeviceKey(pod_uid="p9", device="nope"))
             assert err.value.code() == grpc.StatusCode.NOT_FOUND and "nope" in (err.value.details() or "")
-        # A live store is never stolen from: a second one refuses to start.
+        # A live store is never stolen from: a second one waits (--takeover-wait), then refuses.
         second = ServiceProcess(
             "services.store",
-            ["--db-dir", str(tmp_path / "db2"), "--run-dir", str(run)],
+            ["--db-dir", str(tmp_path / "db2"), "--run-dir", str(run), "--takeover-wait", "1"],
             socket=tmp_path / "never.sock",
             log_path=tmp_path / "second.log",
         )
         with pytest.raises(RuntimeError) as err:
             second.start(timeout=8)
         assert "another process is serving" in str(err.value)
+        # Nor is its database: a store on the same directory, another socket, waits for it.
+        third = ServiceProcess(
+            "services.store",
+            [
+                "--db-dir",
+                str(tmp_path / "db"),
+                "--socket",
+                str(tmp_path / "third.sock"),
+                "--takeover-wait",
+                "1",
+            ],
+            socket=tmp_path / "never.sock",
+            log_path=tmp_path / "third.log",
+        )
+        with pytest.raises(RuntimeError) as err:
+            third.start(timeout=8)
+        assert "another store holds this database" in str(err.value)
+
+
+async def test_a_new_store_takes_over_when_the_old_one_stops(tmp_path: Path) -> None:
+    """A rollout: the new pod's store starts while the old one still serves (its attach is
+    draining). It waits for the old one's database and socket, then serves every record."""
+    old = store_proc(tmp_path).start()
+    log = tmp_path / "new.log"
+    new: subprocess.Popen[bytes] | None = None
+    try:
+        async with StoreClient(old.socket) as c:
+            await c.put_devices([make_config("p1", "eth1")])
+        with open(log, "ab") as out:
+            new = subprocess.Popen(
+                [sys.executable, "-m", "services.store", "--db-dir", str(tmp_path / "db"),
+                 "--run-dir", str(tmp_path / "run")],
+                stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+
+        async def logged(text: str) -> None:
+            deadline = time.monotonic() + 20
+            while text not in log.read_text(errors="replace"):
+                assert new is not None and new.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, f"no {text!r} in {log.read_text()}"
+                await asyncio.sleep(0.1)
+
+        await logged("waiting for the previous store to release the database")
+        old.stop()
+        await logged("store ready")
+        async with StoreClient(old.socket) as c:
+            got = await c.get_device("p1", "eth1")
+        assert got is not None and got.host_ifname == "eth1"
+    finally:
+        if new is not None:
+            new.terminate()
+            assert new.wait(10) == 0
+        old.stop()
 
 
 async def test_map_grows_instead_of_failing(tmp_path: Path) -> None:
