@@ -151,8 +151,15 @@ async def test_metrics_on_the_pod_port_count_dra_and_nri_and_each_process(
     c = installed.cluster
     status, text = http_get(c.net.node_ip, 9177, "/metrics")
     assert status == 200, text[:500]
-    assert metric(text, "dranet_driver_dra_plugin_requests_total", method="PrepareResourceClaims", status="success") > 0
-    assert metric(text, "dranet_driver_nri_plugin_requests_total", method="RunPodSandbox", status="success") > 0
+    assert (
+        metric(
+            text, "dranet_driver_dra_plugin_requests_total", method="PrepareResourceClaims", status="success"
+        )
+        > 0
+    )
+    assert (
+        metric(text, "dranet_driver_nri_plugin_requests_total", method="RunPodSandbox", status="success") > 0
+    )
     assert metric(text, "dranet_driver_published_devices_total") > 0
     for svc in CONTAINERS:
         assert metric(text, "process_start_time_seconds", service=svc) > 0, svc
