@@ -7,6 +7,7 @@ DaemonSet's pod would have, so a missing or excess permission shows in the tests
 
 from __future__ import annotations
 
+import copy
 import functools
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,10 @@ def cluster_role(namespace: str = "kube-system") -> dict[str, Any]:
 
 
 def rbac_for(sa: str, namespace: str = "kube-system") -> str:
-    role = cluster_role(namespace)
+    # The chart's rules under the identity's own name: a helm install of the chart on the same
+    # cluster owns the ClusterRole "dranet" and must find none it did not make.
+    role = copy.deepcopy(cluster_role(namespace))
+    role["metadata"] = {"name": sa, "labels": dict(role["metadata"].get("labels", {}))}
     docs = [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, "namespace": namespace}},
         role,

@@ -788,6 +788,40 @@ class KubeCluster:
         self._record()
         self.wait_apiserver_ready(timeout)
 
+    def stop_control_plane(self, down_s: float = 30.0, timeout: float = 60.0) -> None:
+        """kube-apiserver and etcd down for ``down_s`` seconds (the controllers, the scheduler and
+        the kubelet keep running and must ride it out), then both started again on their ports."""
+        api, etcd = self.procs["kube-apiserver"], self.procs["etcd"]
+        api.stop()
+        etcd.stop()
+        time.sleep(down_s)
+        etcd.start()
+        api.start()
+        self._record()
+        self.wait_apiserver_ready(timeout)
+
+    def reboot_node(self, timeout: float = 90.0) -> None:
+        """What a node's reboot does to its processes: the kubelet, containerd, every shim and every
+        container process are SIGKILLed at once, then containerd and the kubelet start again on
+        their disk state (containerd's root and state, the kubelet's root dir, hostPath volumes
+        such as the driver's store). The pods' network namespaces stay: a veth, unlike a NIC,
+        would die with its namespace instead of returning to the host."""
+        from dev.cluster.containerd import _kill_shims
+
+        assert self.containerd is not None
+        self.procs["kubelet"].kill()
+        self.containerd.kill()
+        _kill_shims(self.containerd.grpc_socket)
+        self.containerd.start(timeout=60)
+        self._start_kubelet()
+        deadline = time.monotonic() + timeout
+        while not self._kubelet_healthy():
+            self.procs["kubelet"].check()
+            if time.monotonic() > deadline:
+                raise ClusterError(f"kubelet not healthy in {timeout}s:\n{self.procs['kubelet'].log_tail()}")
+            time.sleep(0.2)
+        self.wait_node_ready(timeout)
+
     def wait_apiserver_ready(self, timeout: float = 60.0) -> None:
         """Until kube-apiserver answers /readyz; ClusterError with its log if it (or etcd) exits."""
         deadline = time.monotonic() + timeout
