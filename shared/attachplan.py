@@ -30,7 +30,7 @@ from typing import TypeVar
 
 from proto.dranet.store.v1 import store_pb2
 from shared.netconfig import Addressing, ConfigError, InterfaceType, NetworkConfig, parse_network_config
-from shared.netconfig.validate import vrf_table_for
+from shared.netconfig.validate import interface_name_problem, vrf_table_for
 
 T = TypeVar("T", int, str)
 
@@ -513,6 +513,17 @@ class DeviceSpec:
             # Only a rollback reads it (to restore host addresses): never block an attach on it.
             host = None
         host_ifname = cfg.host_ifname or (host.interface.name if host else "")
+        # These names become netlink names and /proc/sys/net/*/conf/<name>/ paths: a
+        # record that did not come through prepare's validation must not escape them.
+        vrf = pod.interface.vrf.name if pod.interface.vrf else ""
+        for what, name in (
+            ("host_ifname", host_ifname),
+            ("pod_config_json interface.name", pod.interface.name),
+            ("pod_config_json interface.vrf.name", vrf),
+        ):
+            problem = interface_name_problem(name) if name else None
+            if problem:
+                raise PlanError(f"device {cfg.device}: {what}: {name!r} {problem}")
         if not host_ifname:
             kind = DeviceKind.RDMA_ONLY
         elif pod.interface.effective_type == InterfaceType.IPVLAN:

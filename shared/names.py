@@ -22,7 +22,8 @@ _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 def is_dns1123_label(value: str) -> bool:
-    return len(value) <= DNS1123_LABEL_MAX and bool(_DNS1123_LABEL.match(value))
+    # fullmatch: with match, "$" also matches before a trailing newline.
+    return len(value) <= DNS1123_LABEL_MAX and bool(_DNS1123_LABEL.fullmatch(value))
 
 
 def encode_interface_name(ifname: str) -> str:

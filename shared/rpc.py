@@ -59,7 +59,12 @@ def prepare_socket_path(path: str | os.PathLike[str]) -> Path:
     p = Path(path)
     if len(os.fsencode(p)) > SUN_PATH_MAX:
         raise ValueError(f"socket path {p} is longer than the {SUN_PATH_MAX} bytes AF_UNIX allows")
-    p.parent.mkdir(parents=True, exist_ok=True)
+    # Missing directories are made 0755 at most (the umask can only narrow it), never
+    # world-writable: whoever can write the directory can replace the socket.
+    # (mkdir(parents=True) would give the parents the umask's default instead.)
+    for d in reversed([p.parent, *p.parent.parents]):
+        if not d.exists():
+            d.mkdir(mode=0o755, exist_ok=True)
     try:
         st = p.lstat()
     except FileNotFoundError:

@@ -37,6 +37,8 @@ def open_netns(path: str) -> int:
         raise NetnsGone(errno.ENOENT, f"network namespace {path} does not exist") from None
     except OSError as exc:
         raise NetnsError(exc.errno, f"cannot open network namespace {path}: {exc.strerror}") from None
+    except ValueError:  # an embedded NUL: no such file can exist
+        raise NetnsGone(errno.ENOENT, f"network namespace {path!r} does not exist") from None
     try:
         kind = fcntl.ioctl(fd, NS_GET_NSTYPE)
     except OSError:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, replace
 from services.attach.netdev_nl import NETLINK_RDMA, NetlinkError, NlSocket
 from shared.attachplan import DeviceNode
 
+RDMA_DEV_DIR = "/dev/infiniband"
+
 
 def rdma_socket() -> NlSocket:
     """An RDMA netlink socket in the calling thread's netns, with a clear error on a
@@ -50,14 +52,24 @@ def check_device_nodes(
 ) -> tuple[tuple[DeviceNode, ...], list[NodeProblem]]:
     """The device nodes as they are on this host now, and the problems found.
 
-    Each stored node is looked up under ``dev_root``: a missing path or one that is
-    not a device of the stored type is a problem (the node is dropped); a different
-    major/minor (the devices were re-created since prepare) is reported and the
+    A path that is not a file directly in /dev/infiniband is refused (a problem; the
+    node is dropped). Each stored node is looked up under ``dev_root``: a missing path
+    or one that is not a device of the stored type is a problem (the node is dropped);
+    a different major/minor (the devices were re-created since prepare) is reported and the
     current numbers are used; an unset mode, uid or gid takes the file's.
     """
     out: list[DeviceNode] = []
     problems: list[NodeProblem] = []
     for node in nodes:
+        # Only RDMA character devices are ever added: a stored path anywhere else
+        # (/dev/sda, /dev/infiniband/../mem) would hand the container another device.
+        if (
+            "\x00" in node.path
+            or os.path.normpath(node.path) != node.path
+            or os.path.dirname(node.path) != RDMA_DEV_DIR
+        ):
+            problems.append(NodeProblem(node.path, f"is not a file directly under {RDMA_DEV_DIR}; refused"))
+            continue
         path = os.path.join(dev_root, node.path.lstrip("/"))
         try:
             st = os.stat(path)

@@ -2,8 +2,23 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+# Longest key or value an error shows; longer ones are cut.
+MAX_SHOWN = 64
+
+
+def key_text(key: str) -> str:
+    """A JSON object key as a path segment: as it is when it reads plainly, else as an
+    escaped, quoted and bounded JSON string, so a path never carries a lone surrogate
+    (which no protobuf string or UTF-8 log line can hold), a control character, blank
+    ends or megabytes of key."""
+    # str.isprintable() is False for control characters and lone surrogates.
+    if key and len(key) <= MAX_SHOWN and key.isprintable() and key == key.strip():
+        return key
+    return json.dumps(key[:MAX_SHOWN]) + ("..." if len(key) > MAX_SHOWN else "")
 
 
 @dataclass(frozen=True)

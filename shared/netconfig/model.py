@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from shared.netconfig.errors import ConfigError, FieldError
+from shared.netconfig.errors import MAX_SHOWN, ConfigError, FieldError, key_text
 
 
 class InterfaceType(StrEnum):
@@ -140,13 +140,18 @@ def parse_network_config(raw: bytes | str | Mapping[str, Any] | None) -> Network
     if raw is None:
         return None
     if isinstance(raw, bytes | str):
-        text = raw.decode() if isinstance(raw, bytes) else raw
+        try:
+            text = raw.decode() if isinstance(raw, bytes) else raw
+        except UnicodeDecodeError as exc:
+            raise ConfigError([FieldError("", f"not valid UTF-8: {exc}")]) from None
         if not text.strip():
             return None
         try:
             obj = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError([FieldError("", f"invalid JSON: {exc}")]) from None
+        except (ValueError, RecursionError) as exc:
+            # ValueError: JSONDecodeError, and an integer literal too long to convert;
+            # RecursionError: nesting deeper than the parser's stack.
+            raise ConfigError([FieldError("", f"invalid JSON: {str(exc)[:200]}")]) from None
     else:
         obj = raw
     if obj is None:
@@ -160,6 +165,7 @@ def parse_network_config(raw: bytes | str | Mapping[str, Any] | None) -> Network
 
 
 def _join(path: str, name: str) -> str:
+    name = key_text(str(name))
     return f"{path}.{name}" if path else name
 
 
@@ -177,9 +183,29 @@ def _describe(value: Any) -> str:
     return type(value).__name__
 
 
+def _show(value: Any) -> str:
+    """``value`` as bounded JSON text for a message. Never raises: a number too long
+    to print or nesting too deep for the encoder is described instead of shown."""
+    try:
+        text = json.dumps(value)
+    except (ValueError, RecursionError, TypeError):
+        return f"({_describe(value)} not shown)"
+    return text if len(text) <= MAX_SHOWN else text[:MAX_SHOWN] + "..."
+
+
+def _utf8_problem(text: str) -> str | None:
+    """Why ``text`` cannot be stored as UTF-8 (a lone surrogate, which JSON's \\ud800
+    escape gives), or None."""
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        return f"is not valid Unicode: unpaired surrogate at position {exc.start}"
+    return None
+
+
 def _decode(cls: type[T], obj: Any, path: str, errors: list[FieldError]) -> T:
     if not isinstance(obj, dict):
-        errors.append(FieldError(path, f"expected an object, got {_describe(obj)} {json.dumps(obj)}"))
+        errors.append(FieldError(path, f"expected an object, got {_describe(obj)} {_show(obj)}"))
         return cls()
     by_json = {f.metadata["json"]: f for f in fields(cls)}  # type: ignore[arg-type]
     kwargs: dict[str, Any] = {}
@@ -202,11 +228,18 @@ _INVALID = object()
 
 def _decode_value(kind: Any, value: Any, path: str, errors: list[FieldError]) -> Any:
     def bad(expected: str) -> object:
-        errors.append(FieldError(path, f"expected {expected}, got {_describe(value)} {json.dumps(value)}"))
+        errors.append(FieldError(path, f"expected {expected}, got {_describe(value)} {_show(value)}"))
         return _INVALID
 
+    def text(s: str, where: str) -> str | object:
+        problem = _utf8_problem(s)
+        if problem:
+            errors.append(FieldError(where, problem))
+            return _INVALID
+        return s
+
     if kind == "str":
-        return value if isinstance(value, str) else bad("a string")
+        return text(value, path) if isinstance(value, str) else bad("a string")
     if kind == "bool":
         return value if isinstance(value, bool) else bad("a boolean")
     if kind in _INT_RANGES:
@@ -219,7 +252,7 @@ def _decode_value(kind: Any, value: Any, path: str, errors: list[FieldError]) ->
             value = int(value)
         lo, hi = _INT_RANGES[kind]
         if not lo <= value <= hi:
-            errors.append(FieldError(path, f"{value} does not fit in {kind} [{lo}, {hi}]"))
+            errors.append(FieldError(path, f"{_show(value)} does not fit in {kind} [{lo}, {hi}]"))
             return _INVALID
         return value
     if kind == "strs":
@@ -227,24 +260,23 @@ def _decode_value(kind: Any, value: Any, path: str, errors: list[FieldError]) ->
             return bad("an array of strings")
         out: list[str] = []
         for i, item in enumerate(value):
-            if isinstance(item, str):
-                out.append(item)
-            else:
+            if not isinstance(item, str):
                 errors.append(
-                    FieldError(f"{path}[{i}]", f"expected a string, got {_describe(item)} {json.dumps(item)}")
+                    FieldError(f"{path}[{i}]", f"expected a string, got {_describe(item)} {_show(item)}")
                 )
+            elif text(item, f"{path}[{i}]") is not _INVALID:
+                out.append(item)
         return tuple(out)
     if kind == "boolmap":
         if not isinstance(value, dict):
             return bad("an object of booleans")
         flags: dict[str, bool] = {}
         for k, v in value.items():
-            if isinstance(v, bool):
+            where = _join(path, k)
+            if not isinstance(v, bool):
+                errors.append(FieldError(where, f"expected a boolean, got {_describe(v)} {_show(v)}"))
+            elif text(k, where) is not _INVALID:
                 flags[k] = v
-            else:
-                errors.append(
-                    FieldError(f"{path}.{k}", f"expected a boolean, got {_describe(v)} {json.dumps(v)}")
-                )
         return flags
     if isinstance(kind, tuple):
         (item_cls,) = kind
@@ -258,9 +290,7 @@ def _decode_value(kind: Any, value: Any, path: str, errors: list[FieldError]) ->
         try:
             return kind(value)
         except ValueError:
-            errors.append(
-                FieldError(path, f"unsupported value {json.dumps(value)}, must be one of {allowed}")
-            )
+            errors.append(FieldError(path, f"unsupported value {_show(value)}, must be one of {allowed}"))
             return _INVALID
     if isinstance(kind, type):
         return _decode(kind, value, path, errors)

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from shared.netconfig.errors import ConfigError, FieldError
+from shared.netconfig.errors import ConfigError, FieldError, key_text
 from shared.netconfig.model import (
     Addressing,
     EthtoolConfig,
@@ -118,7 +118,9 @@ def parse_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
 def parse_cidr(text: str) -> ipaddress.IPv4Interface | ipaddress.IPv6Interface | None:
     """ "ip/prefix" with a decimal prefix length (Go's netip.ParsePrefix / net.ParseCIDR)."""
     ip_text, sep, bits = text.partition("/")
-    if not sep or not bits.isdigit() or (len(bits) > 1 and bits[0] == "0"):
+    # ASCII digits only: str.isdigit() is also true for "²" (which int() refuses) and
+    # "٢٤" (which int() reads as 24, and Go does not).
+    if not sep or not (bits.isascii() and bits.isdigit()) or (len(bits) > 1 and bits[0] == "0"):
         return None
     ip = parse_ip(ip_text)
     if ip is None or int(bits) > ip.max_prefixlen:
@@ -131,16 +133,27 @@ def interface_name_problem(name: str) -> str | None:
     or None. '%' is refused too: the kernel treats it as a name template."""
     if not name:
         return "cannot be empty"
-    raw = name.encode()
+    try:
+        raw = name.encode()
+    except UnicodeEncodeError:
+        return "is not valid Unicode (unpaired surrogate)"
     if len(raw) > MAX_IFNAME_BYTES:
         return f"is {len(raw)} bytes, the kernel allows at most {MAX_IFNAME_BYTES}"
     if name in (".", ".."):
         return "cannot be '.' or '..'"
+    if name in ("all", "default"):
+        # /proc/sys/net/ipv{4,6}/conf/{all,default} are not interfaces; the kernel
+        # refuses these names (and a sysctl written for them would hit every link).
+        return f"cannot be {name!r}: the kernel reserves it (net/*/conf/{name} sysctls)"
     for ch in name:
         if ch in "/:%":
             return f"cannot contain {ch!r}"
         if ch.isspace() or not ch.isprintable():
             return f"cannot contain whitespace or control character {ch!r}"
+        if 0xA0 in ch.encode():
+            # The kernel's isspace() reads bytes as Latin-1, where 0xA0 is a space: it
+            # refuses every character whose UTF-8 holds that byte ("à" is c3 a0).
+            return f"cannot contain {ch!r}: its UTF-8 byte 0xa0 is whitespace to the kernel"
     return None
 
 
@@ -356,10 +369,10 @@ def _validate_ethtool(cfg: EthtoolConfig, path: str) -> list[FieldError]:
     errs: list[FieldError] = []
     for group, json_name in ((cfg.features, "features"), (cfg.private_flags, "privateFlags")):
         for name in group:
-            if not _FEATURE_NAME.match(name) or len(name.encode()) >= ETH_GSTRING_LEN:
+            if not _FEATURE_NAME.fullmatch(name) or len(name.encode(errors="replace")) >= ETH_GSTRING_LEN:
                 errs.append(
                     FieldError(
-                        f"{path}.{json_name}.{name}",
+                        f"{path}.{json_name}.{key_text(name)}",
                         f"invalid name {name!r} (letters, digits, '-', '_', '.', under {ETH_GSTRING_LEN} bytes)",
                     )
                 )

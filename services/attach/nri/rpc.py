@@ -19,6 +19,7 @@ from services.attach.nri.ttrpc import (
     MAX_STREAM_ID,
     Code,
     Frame,
+    Header,
     MessageType,
     TtrpcError,
     code_name,
@@ -191,8 +192,11 @@ class TtrpcServer:
         await self._write(sid, resp.SerializeToString())
 
     async def _write(self, sid: int, data: bytes) -> None:
+        # Framed here, not by encode_message (which refuses stream 0 for the client's
+        # calls): a bad stream id is answered on that same id, stream 0 too, as Go's
+        # server does. Callers keep ``data`` within MAX_MESSAGE_LEN.
         try:
-            await self._send(encode_message(sid, MessageType.RESPONSE, data))
+            await self._send(Header(len(data), sid, MessageType.RESPONSE).encode() + data)
         except (ConnectionError, OSError) as e:
             log.debug("ttrpc response on stream %d not sent: %s", sid, e, extra=log_fields(conn=self._name))
 
