@@ -148,7 +148,15 @@ class LinkAttrs:
         )
 
     def describe(self) -> str:
-        names = ("mtu", "mac", "gso_max_size", "gro_max_size", "gso_ipv4_max_size", "gro_ipv4_max_size")
+        # Named as the claim's config names them: a kernel refusal then points at the field.
+        names = (
+            "interface.mtu",
+            "interface.hardwareAddr",
+            "interface.gsoMaxSize",
+            "interface.groMaxSize",
+            "interface.gsoIPv4MaxSize",
+            "interface.groIPv4MaxSize",
+        )
         return ", ".join(f"{n} {v}" for n, v in zip(names, self._items(), strict=True) if v is not None)
 
     def original(self, link: LinkState | None, host: NetworkConfig | None = None) -> LinkAttrs:
@@ -455,6 +463,8 @@ class PlannedStep:
 
     action: Step
     undo: tuple[Step, ...] = ()
+    # The claim config field the step comes from ("routes[0]"), named when the kernel refuses it.
+    origin: str = ""
 
 
 # --- conditions and device spec ------------------------------------------------------
@@ -676,13 +686,19 @@ def _in_pod_steps(spec: DeviceSpec, ips: Sequence[str]) -> list[PlannedStep]:
         )
     if itf.arp_ignore is not None:
         steps.append(
-            PlannedStep(WriteSysctl(Ns.POD, f"net/ipv4/conf/{name}/arp_ignore", str(itf.arp_ignore)))
+            PlannedStep(
+                WriteSysctl(Ns.POD, f"net/ipv4/conf/{name}/arp_ignore", str(itf.arp_ignore)),
+                origin="interface.arpIgnore",
+            )
         )
     if itf.arp_announce is not None:
         steps.append(
-            PlannedStep(WriteSysctl(Ns.POD, f"net/ipv4/conf/{name}/arp_announce", str(itf.arp_announce)))
+            PlannedStep(
+                WriteSysctl(Ns.POD, f"net/ipv4/conf/{name}/arp_announce", str(itf.arp_announce)),
+                origin="interface.arpAnnounce",
+            )
         )
-    steps += [PlannedStep(AddAddress(Ns.POD, name, cidr)) for cidr in ips]
+    steps += [PlannedStep(AddAddress(Ns.POD, name, cidr), origin="interface.addresses") for cidr in ips]
     steps.append(PlannedStep(SetLinkState(Ns.POD, name, up=True)))
     cfg = spec.pod
     if cfg.ethtool is not None and (cfg.ethtool.features or cfg.ethtool.private_flags):
@@ -694,7 +710,8 @@ def _in_pod_steps(spec: DeviceSpec, ips: Sequence[str]) -> list[PlannedStep]:
                     name,
                     tuple(sorted(cfg.ethtool.features.items())),
                     tuple(sorted(cfg.ethtool.private_flags.items())),
-                )
+                ),
+                origin="ethtool",
             )
         )
     if itf.disable_ebpf_programs:
@@ -703,7 +720,11 @@ def _in_pod_steps(spec: DeviceSpec, ips: Sequence[str]) -> list[PlannedStep]:
     if itf.vrf is not None and itf.vrf.name:
         vrf_table = itf.vrf.table or vrf_table_for(itf.vrf.name)
         steps.append(
-            PlannedStep(CreateVrf(Ns.POD, itf.vrf.name, vrf_table), undo=(DeleteLink(Ns.POD, itf.vrf.name),))
+            PlannedStep(
+                CreateVrf(Ns.POD, itf.vrf.name, vrf_table),
+                undo=(DeleteLink(Ns.POD, itf.vrf.name),),
+                origin="interface.vrf",
+            )
         )
         steps.append(PlannedStep(SetLinkState(Ns.POD, itf.vrf.name, up=True)))
         steps.append(PlannedStep(SetMaster(Ns.POD, name, itf.vrf.name)))
@@ -711,20 +732,29 @@ def _in_pod_steps(spec: DeviceSpec, ips: Sequence[str]) -> list[PlannedStep]:
         steps.append(PlannedStep(WriteSysctl(Ns.POD, "net/ipv4/udp_l3mdev_accept", "1")))
     # Link-scope routes first: a universe route's gateway may be reachable only
     # through one of them (e.g. a /32 address with its gateway as a link route).
-    for r in sorted(cfg.routes, key=lambda r: -r.scope):
+    for i, r in sorted(enumerate(cfg.routes), key=lambda ir: -ir[1].scope):
         table = vrf_table or r.table or RT_TABLE_MAIN
-        steps.append(PlannedStep(AddRoute(Ns.POD, name, r.destination, r.gateway, r.source, r.scope, table)))
+        steps.append(
+            PlannedStep(
+                AddRoute(Ns.POD, name, r.destination, r.gateway, r.source, r.scope, table),
+                origin=f"routes[{i}]",
+            )
+        )
     if not vrf_table:
         # With a VRF the l3mdev rule does the table lookup; dranet adds no rules then.
-        for rule in cfg.rules:
+        for i, rule in enumerate(cfg.rules):
             table = rule.table or RT_TABLE_MAIN
             steps.append(
                 PlannedStep(
                     AddRule(Ns.POD, rule.priority, rule.source, rule.destination, table),
                     undo=(DelRule(Ns.POD, rule.priority, rule.source, rule.destination, table),),
+                    origin=f"rules[{i}]",
                 )
             )
-    steps += [PlannedStep(AddNeighbor(Ns.POD, name, n.destination, n.hardware_addr)) for n in cfg.neighbors]
+    steps += [
+        PlannedStep(AddNeighbor(Ns.POD, name, n.destination, n.hardware_addr), origin=f"neighbors[{i}]")
+        for i, n in enumerate(cfg.neighbors)
+    ]
     return steps
 
 

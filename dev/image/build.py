@@ -64,8 +64,6 @@ BASE_RECIPE = 1
 # CPython and glibc of each suite: the wheelhouse is resolved for them.
 SUITE_PYTHON = {"bookworm": "3.11"}
 SUITE_GLIBC = {"bookworm": (2, 36)}
-DEFAULT_MIRROR = "http://deb.debian.org/debian"
-DEFAULT_SECURITY_MIRROR = "http://deb.debian.org/debian-security"
 KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
 # Where the Containerfile's builder stage finds the wheelhouse (a read-only bind mount).
 WHEELS_IN_BUILD = "/wheels"
@@ -308,7 +306,8 @@ def base_key(suite: str = SUITE, packages: Sequence[str] = BASE_PACKAGES) -> str
 
 def debian_mirrors(suite: str = SUITE) -> tuple[str, str]:
     """(archive, security) URIs: ``$DRANET_DEBIAN_MIRROR`` / ``$DRANET_DEBIAN_SECURITY_MIRROR``,
-    else the host's deb822 sources when they list ``suite``, else deb.debian.org."""
+    else the host's deb822 sources when they list ``suite`` (the security archive defaults to the
+    archive's URI with ``-security`` appended, as Debian lays them out)."""
     mirror, security = "", ""
     sources = Path("/etc/apt/sources.list.d/debian.sources")
     if sources.exists():
@@ -325,10 +324,13 @@ def debian_mirrors(suite: str = SUITE) -> tuple[str, str]:
                 mirror = uris[0]
             if f"{suite}-security" in suites and not security:
                 security = uris[0]
-    return (
-        os.environ.get("DRANET_DEBIAN_MIRROR") or mirror or DEFAULT_MIRROR,
-        os.environ.get("DRANET_DEBIAN_SECURITY_MIRROR") or security or DEFAULT_SECURITY_MIRROR,
-    )
+    mirror = os.environ.get("DRANET_DEBIAN_MIRROR") or mirror
+    if not mirror:
+        raise ImageBuildError(
+            f"no Debian archive for {suite} in {sources}: set DRANET_DEBIAN_MIRROR to its URI"
+        )
+    security = os.environ.get("DRANET_DEBIAN_SECURITY_MIRROR") or security or mirror.rstrip("/") + "-security"
+    return mirror, security
 
 
 def _chroot(rootfs: Path, what: str, *cmd: str) -> None:

@@ -742,6 +742,8 @@ class NetdevEngine:
                 undo = plan_rollback(plan, done, extra)
                 rb_errors = _best_effort(run, undo)
                 msg = f"{where}: {failed}"
+                if ps.origin:
+                    msg = f"{where}: {ps.origin}: {failed}"
                 if rb_errors:
                     msg += f"; rollback: {'; '.join(rb_errors)}"
                 else:

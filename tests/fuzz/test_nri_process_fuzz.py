@@ -38,7 +38,7 @@ from tests.fuzz.nri_wire import (
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
-CONNECT_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 30.0  # generous: CI runs this beside Go builds on two cores
 
 
 class HostileRuntime:
@@ -201,7 +201,7 @@ def test_attach_survives_a_hostile_runtime(
     attach, runtime = world
 
     async def main() -> None:
-        async with asyncio.timeout(60):
+        async with asyncio.timeout(240):
             async with connection(runtime) as end:
                 # Synchronized first, so events reach the hooks (and the store) for real.
                 await handshake(end)

@@ -116,6 +116,20 @@ def test_passthrough_two_addresses_two_routes() -> None:
     assert plan.describe()[1] == "move eth1 (or altname dranet-eth1) from host netns to pod netns as net1"
 
 
+def test_steps_name_the_config_field_they_come_from() -> None:
+    """A kernel refusal of a step names the claim's field: routes keep their config index
+    although link-scope routes are applied first; link attributes are named as in the config."""
+    plan = plan_attach(spec(TWO_ADDR_TWO_ROUTES), NETNS, AttachObservation(on_host=HOST_ETH1))
+    origins = {type(ps.action).__name__ + " " + ps.origin for ps in plan.steps if ps.origin}
+    routes = [ps for ps in plan.steps if isinstance(ps.action, AddRoute)]
+    by_dest = {ps.action.destination: ps.origin for ps in routes}  # type: ignore[attr-defined]
+    assert by_dest == {"10.0.0.0/8": "routes[0]", "192.0.2.0/24": "routes[1]"}, by_dest
+    assert "AddAddress interface.addresses" in origins
+    assert (
+        LinkAttrs(mtu=1400, gso_max_size=65536).describe() == "interface.mtu 1400, interface.gsoMaxSize 65536"
+    )
+
+
 def test_passthrough_link_attrs_and_sysctls_go_with_the_move_and_before_addresses() -> None:
     pod = {
         "interface": {
