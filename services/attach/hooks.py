@@ -466,6 +466,12 @@ class AttachHooks(NriHandlers):
     async def create_container(
         self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container
     ) -> nri_pb2.ContainerAdjustment | None:
+        if not pod_netns(pod):
+            # A host-network pod holds no dra.net device: RunPodSandbox refuses one that has
+            # any. Asking the store anyway would deadlock our own pod (host network): when the
+            # store's container restarts, its CreateContainer would wait for the store.
+            mark_noop()
+            return None
         track = self.pods.get(pod.uid)
         configs: list[st.DeviceConfig]
         if track is not None and track.sandbox_id == pod.id and track.configs:

@@ -241,6 +241,33 @@ async def test_host_network_pod_fails_with_dranets_message(world: World) -> None
     assert world.engine.calls == []
 
 
+async def test_with_the_store_down_host_network_containers_start_and_others_wait(tmp_path: Path) -> None:
+    """Found by the churn on the real cluster: the store container was SIGKILLed, and its
+    restart (a container of our own host-network pod) went through attach's CreateContainer,
+    which asked the store, which was down: a deadlock, the pod never recovered. A host-network
+    pod holds no dra.net device, so its containers start without the store; a pod with a
+    network namespace still waits for the store (it may hold devices: fail closed)."""
+    run = tmp_path / "run"
+    proc = ServiceProcess(
+        "services.store",
+        ["--db-dir", str(tmp_path / "db"), "--run-dir", str(run)],
+        socket=run / "store.sock",
+        log_path=tmp_path / "store.log",
+    ).start()
+    proc.stop()
+    async with StoreClient(proc.socket, deadline_s=1.0) as store:
+        w = World(tmp_path, store)
+        try:
+            host_net = w.pod("driver-pod", "")
+            assert await w.hooks.create_container(host_net, nri_pb2.Container(name="store")) is None
+            with pytest.raises(TtrpcError) as err:
+                await w.hooks.create_container(w.pod("app", w.netns()), nri_pb2.Container(name="app"))
+            assert "cannot read its stored configs" in str(err.value)
+        finally:
+            await w.hooks.close()
+            await w.writer.close()
+
+
 async def test_failure_half_way_rolls_back_every_device(world: World) -> None:
     await world.prepare("p2", "eth1", "eth2")
     world.engine.fail_attach["eth2"] = "route via 203.0.113.1: network unreachable"
