@@ -151,9 +151,12 @@ class StoreClient:
 
     # --- calls ------------------------------------------------------------------------
 
-    async def put_devices(self, configs: Iterable[pb.DeviceConfig]) -> list[int]:
-        """Store configs in one durable transaction; returns their revisions."""
-        resp = await self._call(put_devices=pb.PutDevicesRequest(configs=list(configs)))
+    async def put_devices(
+        self, configs: Iterable[pb.DeviceConfig], kept: Iterable[pb.KeptDevice] = ()
+    ) -> list[int]:
+        """Store configs (and kept devices) in one durable transaction; returns the
+        configs' revisions."""
+        resp = await self._call(put_devices=pb.PutDevicesRequest(configs=list(configs), kept=list(kept)))
         return list(resp.put_devices.revisions)
 
     async def get_device(self, pod_uid: str, device: str) -> pb.DeviceConfig | None:
@@ -189,6 +192,11 @@ class StoreClient:
         resp = await self._call(list=pb.ListRequest(pod_uid=pod_uid, claim_uid=claim_uid))
         return resp.list
 
+    async def list_kept(self) -> pb.ListKeptResponse:
+        """Every kept device (PersistentResourceSliceAttributes)."""
+        resp = await self._call(list_kept=pb.ListKeptRequest())
+        return resp.list_kept
+
     async def put_attach_result(self, result: pb.AttachResult) -> int:
         resp = await self._call(put_attach_result=result)
         return resp.put.revision
@@ -203,10 +211,11 @@ class StoreClient:
         resp = await self._call(get_liveness=pb.GetLivenessRequest())
         return resp.liveness
 
-    async def watch(self, initial: bool = True) -> AsyncIterator[pb.WatchEvent]:
-        """Committed changes as they happen (after the current state if ``initial``).
-        Ends with StoreCallError when the stream breaks; re-list and watch again."""
-        call = self.stub.Watch(pb.WatchRequest(initial=initial))
+    async def watch(self, initial: bool = True, kept_only: bool = False) -> AsyncIterator[pb.WatchEvent]:
+        """Committed changes as they happen (after the current state if ``initial``;
+        only kept devices with ``kept_only``). Ends with StoreCallError when the
+        stream breaks; re-list and watch again."""
+        call = self.stub.Watch(pb.WatchRequest(initial=initial, kept_only=kept_only))
         try:
             async for ev in call:
                 yield ev

@@ -32,11 +32,12 @@ from services.inventory.inventory import (
     Inventory,
     InventoryConfig,
 )
+from services.inventory.kept import KeptDevices
 from services.inventory.metrics import InventoryCollector
 from services.inventory.publisher import Publisher, SliceClient, make_api_client
 from services.inventory.rdma import read_netns_mode
 from services.inventory.server import InventoryServicer
-from shared import service
+from shared import features, service
 from shared.admin import AdminServicer
 from shared.health import HealthListener
 from shared.httpendpoint import DEFAULT_ADDRESS as DEFAULT_METRICS_ADDRESS
@@ -44,6 +45,7 @@ from shared.httpendpoint import DEFAULT_PORT as DEFAULT_METRICS_PORT
 from shared.httpendpoint import HttpEndpoint, Scraper
 from shared.metrics import REGISTRY
 from shared.rpc import UdsServer
+from shared.storeclient import StoreClient
 
 log = logging.getLogger("services.inventory")
 
@@ -173,6 +175,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="IP address of the --metrics-port endpoint (default: $DRANET_METRICS_ADDRESS, else "
         f"{DEFAULT_METRICS_ADDRESS}, every IPv4 address; :: for dual-stack)",
     )
+    p.add_argument(
+        "--store-socket",
+        default="",
+        help="the store's socket, read for PersistentResourceSliceAttributes (default <run-dir>/store.sock)",
+    )
+    features.add_flag(p)
     cloud_discovery.add_flags(p)
     return p
 
@@ -180,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _health(inventory: Inventory, publisher: Publisher | None) -> tuple[bool, str]:
     if not inventory.ready:
         return False, "first scan not done"
+    if inventory.kept is not None and not inventory.kept.synced.is_set():
+        why = inventory.kept.last_error or "not answering yet"
+        return False, f"waiting for the store's kept devices (PersistentResourceSliceAttributes): {why}"
     if publisher is not None and not publisher.healthy:
         return False, f"ResourceSlices not published yet: {publisher.last_error or 'in progress'}"
     return True, ""
@@ -200,6 +211,8 @@ async def run(args: argparse.Namespace, device_filter: DeviceFilter | None, stop
     collector: InventoryCollector | None = None
     probes: HealthListener | None = None
     endpoint: HttpEndpoint | None = None
+    gates: features.FeatureGates = args.feature_gates
+    store: StoreClient | None = None
     try:
         node_labels = None
         if api_client is not None:
@@ -229,11 +242,17 @@ async def run(args: argparse.Namespace, device_filter: DeviceFilter | None, stop
                 min_poll_interval=args.min_poll_interval,
                 max_poll_interval=args.max_poll_interval,
                 poll_burst=args.poll_burst,
+                list_numa_attributes=gates.list_type_attributes,
             ),
             providers=providers,
             device_filter=device_filter,
             on_publish=on_publish,
         )
+        if gates.persistent_slice_attributes and publisher is not None:
+            # Only the publish path merges kept devices: --no-publish needs no store.
+            store = StoreClient(args.store_socket or service.socket_path(args.run_dir, "store"))
+            inventory.kept = KeptDevices(store, on_change=inventory.republish)
+            tasks.append(asyncio.create_task(inventory.kept.run(stop), name="kept-watch"))
         await inventory.start()
         servicer = InventoryServicer(
             inventory, node_name=node, rdma_netns_mode=rdma_mode, providers=providers, publisher=publisher
@@ -261,6 +280,7 @@ async def run(args: argparse.Namespace, device_filter: DeviceFilter | None, stop
                 "cloud_provider": providers.cloud_name,
                 "publish": publisher is not None,
                 "filter": device_filter.expression if device_filter else "",
+                "feature_gates": str(gates),
             },
         )
         stopper = asyncio.ensure_future(stop.wait())
@@ -283,6 +303,8 @@ async def run(args: argparse.Namespace, device_filter: DeviceFilter | None, stop
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        if store is not None:
+            await store.close()
         if providers is not None:
             await providers.close()
         if api_client is not None:

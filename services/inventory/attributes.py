@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from services.inventory.cloud.base import ATTRIBUTE_MAX_VALUE_LENGTH, Attribute
 
@@ -132,6 +132,36 @@ def fit_string(value: str) -> str:
     """A string attribute value cut to the API's 64 characters (a longer one makes
     the API server refuse the whole ResourceSlice)."""
     return value[:ATTRIBUTE_MAX_VALUE_LENGTH]
+
+
+def numa_node_list(
+    node: int, distances: Mapping[int, Sequence[int]], sockets: Mapping[int, int]
+) -> list[int]:
+    """resource.kubernetes.io/numaNode in list form (DRAListTypeAttributes), as the
+    Kubernetes deviceattribute helper builds it for dranet: the device's NUMA node first,
+    then, ascending, every other node at the smallest ACPI SLIT distance from it, except
+    one known to be on another socket (a node whose socket is unknown stays in).
+
+    ``distances[n]`` is node n's SLIT row (devices/system/node/node<n>/distance, one
+    entry per node, in node order); ``sockets[n]`` the physical package of node n's
+    first CPU. A node without a readable row, or one that is out of its own row, is
+    published alone."""
+    row = distances.get(node)
+    if not row or node >= len(row):
+        return [node]
+    others = [d for i, d in enumerate(row) if i != node]
+    if not others:
+        return [node]
+    nearest = min(others)
+    socket = sockets.get(node)
+    peers = []
+    for i, d in enumerate(row):
+        if i == node or d != nearest:
+            continue
+        if socket is not None and i in sockets and sockets[i] != socket:
+            continue
+        peers.append(i)
+    return [node, *sorted(peers)]
 
 
 def limit_attributes(attrs: Mapping[str, Attribute]) -> tuple[dict[str, Attribute], list[str]]:

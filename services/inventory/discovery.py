@@ -24,6 +24,7 @@ import socket
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from services.inventory import attributes as A
 from services.inventory import rtnl
@@ -57,18 +58,41 @@ class Device:
     mac: str = ""
     provider_config: NetworkConfig | None = None
     profiles: tuple[str, ...] = ()
+    # resource.k8s.io/v1 DeviceCapacity JSON by name; discovery sets none, a kept device
+    # (PersistentResourceSliceAttributes) carries whatever it was published with.
+    capacity: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def rdma_only(self) -> bool:
         """An RDMA device without a netdev (dranet's IsIBOnlyDevice)."""
         return bool(self.rdma_device) and not self.ifname
 
-    def slice_entry(self) -> dict[str, object]:
+    def slice_entry(self) -> dict[str, Any]:
         """The device as a resource.k8s.io/v1 ResourceSlice ``spec.devices[]`` item."""
-        entry: dict[str, object] = {"name": self.name}
+        entry: dict[str, Any] = {"name": self.name}
         if self.attributes:
             entry["attributes"] = {k: self.attributes[k].to_json() for k in sorted(self.attributes)}
+        if self.capacity:
+            entry["capacity"] = {k: self.capacity[k] for k in sorted(self.capacity)}
         return entry
+
+    @classmethod
+    def from_slice_entry(cls, entry: Mapping[str, Any]) -> Device:
+        """A device from a ``spec.devices[]`` item (name, attributes, capacity); ValueError
+        names a bad attribute."""
+        name = entry.get("name")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a device needs a name, got {name!r}")
+        attrs: dict[str, Attribute] = {}
+        for key, value in (entry.get("attributes") or {}).items():
+            try:
+                attrs[key] = Attribute.from_json(value)
+            except ValueError as exc:
+                raise ValueError(f"device {name} attribute {key}: {exc}") from None
+        capacity = entry.get("capacity") or {}
+        if not isinstance(capacity, dict):
+            raise ValueError(f"device {name}: capacity is not an object")
+        return cls(name=name, attributes=attrs, capacity=dict(capacity))
 
 
 @dataclass(frozen=True)
@@ -83,12 +107,18 @@ class HostFacts:
     pci: list[PciFunction]
     rdma_links: list[RdmaLink]
     numa_nodes: int = 1
+    # Read only for DRAListTypeAttributes: node -> its SLIT distance row, node -> the
+    # socket (physical package) of its first CPU.
+    numa_distances: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    numa_sockets: Mapping[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class ScanOptions:
     move_ib_interfaces: bool = True
     excluded_interfaces: frozenset[str] = field(default_factory=frozenset)
+    # DRAListTypeAttributes: resource.kubernetes.io/numaNode as an int list.
+    list_numa_attributes: bool = False
 
 
 @dataclass
@@ -173,7 +203,15 @@ def build_devices(facts: HostFacts, options: ScanOptions, pciids: PciIds) -> lis
     for draft in drafts.values():
         pci_fn = pci_by_addr.get(draft.pci_address) if draft.pci_address else None
         if pci_fn is not None:
-            _add_pci_attributes(draft, pci_fn, multi_numa, pciids)
+            numa: Attribute | None = None
+            if pci_fn.numa_node is not None:
+                if options.list_numa_attributes:
+                    numa = Attribute.of_ints(
+                        A.numa_node_list(pci_fn.numa_node, facts.numa_distances, facts.numa_sockets)
+                    )
+                else:
+                    numa = A.integer(pci_fn.numa_node)
+            _add_pci_attributes(draft, pci_fn, multi_numa, pciids, numa)
         _add_rdma_attributes(draft, facts.rdma_links, pci_by_addr)
 
     # 5. Leave out the uplinks.
@@ -244,10 +282,14 @@ def _add_link_attributes(draft: _Draft, link: rtnl.Link, facts: HostFacts, net: 
     attrs[A.VIRTUAL] = A.boolean(net.virtual)
 
 
-def _add_pci_attributes(draft: _Draft, fn: PciFunction, multi_numa: bool, pciids: PciIds) -> None:
+def _add_pci_attributes(
+    draft: _Draft, fn: PciFunction, multi_numa: bool, pciids: PciIds, numa: Attribute | None
+) -> None:
     attrs = draft.attrs
-    if fn.numa_node is not None:
-        attrs.setdefault(A.STANDARD_NUMA_NODE, A.integer(fn.numa_node))
+    if numa is not None:
+        # The standardized attribute is scalar, or a list with DRAListTypeAttributes; the
+        # legacy dra.net/numaNode below stays scalar either way (dranet db.go).
+        attrs.setdefault(A.STANDARD_NUMA_NODE, numa)
     if fn.pcie_root:
         attrs.setdefault(A.STANDARD_PCIE_ROOT, A.string(fn.pcie_root))
     # ghw reports a NUMA node only on a NUMA machine (more than one node).
@@ -279,9 +321,10 @@ def _add_rdma_attributes(
 # --- I/O ---------------------------------------------------------------------------------------
 
 
-def gather(sysfs: Sysfs, tcx: TcxQuery) -> HostFacts:
+def gather(sysfs: Sysfs, tcx: TcxQuery, numa_topology: bool = False) -> HostFacts:
     """Read links, addresses, tc/tcx programs, sysfs and RDMA facts of the calling
-    thread's network namespace. Blocking."""
+    thread's network namespace (and the NUMA distances and sockets when
+    ``numa_topology``). Blocking."""
     with rtnl.Netlink() as nl:
         links = nl.links()
         addrs: dict[int, list[str]] = defaultdict(list)
@@ -306,6 +349,8 @@ def gather(sysfs: Sysfs, tcx: TcxQuery) -> HostFacts:
         pci=pci,
         rdma_links=sysfs.rdma_links(),
         numa_nodes=sysfs.numa_node_count(),
+        numa_distances=sysfs.numa_distances() if numa_topology else {},
+        numa_sockets=sysfs.numa_sockets() if numa_topology else {},
     )
 
 

@@ -1,8 +1,9 @@
 """The device store and the rescan loop (dranet pkg/inventory DB.Run).
 
 A scan reads the host (in a worker thread), adds the cloud provider's attributes
-and config, keeps at most 32 attributes per device, runs the publish filter and
-hands the published devices on. Scans are paced by a token bucket (--min-poll-
+and config, keeps at most 32 attributes per device, merges in the devices kept for
+Pods (PersistentResourceSliceAttributes, before the filter, as dranet), runs the
+publish filter and hands the published devices on. Scans are paced by a token bucket (--min-poll-
 interval, --poll-burst) and happen at least every --max-poll-interval; netlink
 link and address notifications wake the loop early.
 """
@@ -21,8 +22,10 @@ from services.inventory.bpf import TcxQuery
 from services.inventory.cloud.base import DeviceInfo, Providers, advertised_profiles
 from services.inventory.discovery import Device, ScanOptions
 from services.inventory.filter import DeviceFilter, apply_filter
+from services.inventory.kept import KeptDevices
 from services.inventory.pciids import PciIds, find_database
 from services.inventory.sysfs import Sysfs
+from shared import slicemerge
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +43,8 @@ class InventoryConfig:
     min_poll_interval: float = DEFAULT_MIN_POLL_INTERVAL
     max_poll_interval: float = DEFAULT_MAX_POLL_INTERVAL
     poll_burst: int = DEFAULT_POLL_BURST
+    # DRAListTypeAttributes: resource.kubernetes.io/numaNode as an int list.
+    list_numa_attributes: bool = False
 
 
 class RateLimiter:
@@ -115,6 +120,32 @@ class LinkEvents:
 PublishCallback = Callable[[Sequence[Device]], None]
 
 
+def merge_kept(live: Sequence[Device], kept: Sequence[Device]) -> tuple[list[Device], dict[str, list[str]]]:
+    """``live`` with the ``kept`` devices merged in (shared.slicemerge: a kept device the
+    host no longer shows is published as kept, one it shows gets the attributes only the
+    kept copy has), sorted by name; and, per device, the attributes dropped to stay within
+    the API's 32. (dranet does not cut here; a device over the limit makes the API server
+    refuse the whole slice, so the same keep-order as a scan's applies.)"""
+    if not kept:
+        return list(live), {}
+    by_name = {d.name: d for d in live}
+    names = {k.name for k in kept}
+    entries = slicemerge.merge_devices(
+        [by_name[n].slice_entry() for n in sorted(names) if n in by_name], [k.slice_entry() for k in kept]
+    )
+    out = dict(by_name)
+    dropped: dict[str, list[str]] = {}
+    for entry in entries:
+        merged = Device.from_slice_entry(entry)
+        attrs, cut = A.limit_attributes(merged.attributes)
+        if cut:
+            dropped[merged.name] = cut
+        base = by_name.get(merged.name)
+        # A live device keeps what lookups need (ifname, PCI address, ...).
+        out[merged.name] = replace(base or merged, attributes=attrs, capacity=merged.capacity)
+    return [out[n] for n in sorted(out)], dropped
+
+
 def device_info(d: Device) -> DeviceInfo:
     """What cloud providers match their metadata on."""
     return DeviceInfo(
@@ -137,18 +168,23 @@ class Inventory:
         providers: Providers | None = None,
         device_filter: DeviceFilter | None = None,
         on_publish: PublishCallback | None = None,
+        kept: KeptDevices | None = None,
     ) -> None:
         self.config = config
         self.providers = providers
         self.filter = device_filter
         self.on_publish = on_publish
+        # PersistentResourceSliceAttributes: None when the gate is off.
+        self.kept = kept
         self.sysfs = Sysfs(config.sysfs_root, config.dev_root)
         db = find_database(config.pci_ids)
         if db is None:
             log.warning("no pci.ids database found; dra.net/pciVendor and pciDevice carry hex IDs")
         self.pciids = PciIds(db)
         self.tcx = TcxQuery()
-        self.options = ScanOptions(move_ib_interfaces=config.move_ib_interfaces)
+        self.options = ScanOptions(
+            move_ib_interfaces=config.move_ib_interfaces, list_numa_attributes=config.list_numa_attributes
+        )
         self.devices: dict[str, Device] = {}
         self.published: frozenset[str] = frozenset()
         self.scans = 0
@@ -158,6 +194,7 @@ class Inventory:
         self._scanned = asyncio.Condition()
         self._wake = asyncio.Event()
         self._warned: set[tuple[str, tuple[str, ...]]] = set()
+        self._told_waiting = False
         self.ready = False
 
     async def start(self) -> None:
@@ -175,7 +212,7 @@ class Inventory:
     # --- scanning --------------------------------------------------------------------------------
 
     def _scan_host(self) -> list[Device]:
-        facts = discovery.gather(self.sysfs, self.tcx)
+        facts = discovery.gather(self.sysfs, self.tcx, numa_topology=self.options.list_numa_attributes)
         return discovery.build_devices(facts, self.options, self.pciids)
 
     async def scan(self) -> list[Device]:
@@ -184,9 +221,8 @@ class Inventory:
             started = time.perf_counter()
             found = await asyncio.to_thread(self._scan_host)
             devices = await self._enrich(found)
-            published = await apply_filter(self.filter, devices)
             self.devices = {d.name: d for d in devices}
-            self.published = frozenset(d.name for d in published)
+            published = await self._publish(devices)
             self.last_scan_seconds = time.perf_counter() - started
             self.ready = True
             log.debug(
@@ -197,13 +233,50 @@ class Inventory:
                     "seconds": self.last_scan_seconds,
                 },
             )
-            if self.on_publish is not None and (published or self._had_devices):
-                self._had_devices = True
-                self.on_publish(published)
             async with self._scanned:
                 self.scans += 1
                 self._scanned.notify_all()
             return devices
+
+    async def republish(self) -> None:
+        """Publish again from the last scan, without scanning: the kept devices changed."""
+        async with self._scan_lock:
+            if not self.ready:
+                return  # the first scan, still to come, publishes
+            await self._publish(list(self.devices.values()))
+
+    async def _publish(self, devices: Sequence[Device]) -> list[Device]:
+        """Merge the kept devices in, filter, hand the result on; the published devices.
+        Called with the scan lock held."""
+        candidates = list(devices)
+        hold = False
+        if self.kept is not None:
+            if self.kept.synced.is_set():
+                candidates, dropped = merge_kept(candidates, self.kept.devices())
+                self._warn_dropped(dropped)
+            else:
+                # Publishing now would drop every device that is in a Pod.
+                hold = True
+                if not self._told_waiting:
+                    self._told_waiting = True
+                    log.info("not publishing until the store's kept devices are loaded")
+        published = await apply_filter(self.filter, candidates)
+        self.published = frozenset(d.name for d in published)
+        if not hold and self.on_publish is not None and (published or self._had_devices):
+            self._had_devices = True
+            self.on_publish(published)
+        return published
+
+    def _warn_dropped(self, dropped: dict[str, list[str]]) -> None:
+        for name, cut in dropped.items():
+            key = (name, tuple(cut))
+            if key not in self._warned:
+                self._warned.add(key)
+                log.warning(
+                    "a kept device merged with the host's has more attributes than a ResourceSlice "
+                    "allows; dropping some",
+                    extra={"device": name, "limit": A.MAX_ATTRIBUTES_PER_DEVICE, "dropped": cut},
+                )
 
     async def _enrich(self, devices: list[Device]) -> list[Device]:
         views = {}

@@ -4,6 +4,7 @@ snapshot, node facts and profile resolution for prepare."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from typing import NoReturn
@@ -24,6 +25,15 @@ log = logging.getLogger(__name__)
 
 
 def attribute_pb(attr: Attribute) -> pb.Attribute:
+    if isinstance(attr.value, tuple):
+        values = list(attr.value)
+        if attr.kind is AttrKind.INTS:
+            return pb.Attribute(ints=pb.IntList(values=[int(v) for v in values]))
+        if attr.kind is AttrKind.BOOLS:
+            return pb.Attribute(bools=pb.BoolList(values=[bool(v) for v in values]))
+        if attr.kind is AttrKind.VERSIONS:
+            return pb.Attribute(versions=pb.StringList(values=[str(v) for v in values]))
+        return pb.Attribute(strings=pb.StringList(values=[str(v) for v in values]))
     if attr.kind is AttrKind.INT:
         return pb.Attribute(int=int(attr.value))
     if attr.kind is AttrKind.BOOL:
@@ -49,6 +59,7 @@ def device_pb(device: Device, published: bool) -> pb.Device:
         provider_config_json=device.provider_config.to_json() if device.provider_config else "",
         published=published,
         type=device.type,
+        slice_entry_json=json.dumps(device.slice_entry(), sort_keys=True, separators=(",", ":")),
     )
 
 

@@ -67,6 +67,22 @@ def _read_int(path: Path, base: int = 10) -> int | None:
         return None
 
 
+def _first_cpu(cpulist: str | None) -> int | None:
+    """The lowest CPU of a kernel cpulist ("0-3,8-11"); None when empty or unparsable.
+    (Every CPU of a node is on one socket, so which one is read does not matter.)"""
+    cpus: list[int] = []
+    for part in (cpulist or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        first, _, _ = part.partition("-")
+        try:
+            cpus.append(int(first))
+        except ValueError:
+            return None
+    return min(cpus) if cpus else None
+
+
 def _listdir(path: Path) -> list[str]:
     try:
         return sorted(os.listdir(path))
@@ -217,8 +233,41 @@ class Sysfs:
 
     def numa_node_count(self) -> int:
         """NUMA nodes of the machine (devices/system/node/nodeN)."""
+        return len(self._numa_nodes())
+
+    def _numa_nodes(self) -> list[int]:
         nodes = self.root / "devices" / "system" / "node"
-        return sum(1 for n in _listdir(nodes) if re.fullmatch(r"node\d+", n))
+        return sorted(int(n[4:]) for n in _listdir(nodes) if re.fullmatch(r"node\d+", n))
+
+    def numa_distances(self) -> dict[int, tuple[int, ...]]:
+        """Each NUMA node's ACPI SLIT row (devices/system/node/node<n>/distance); a node
+        whose row is missing, empty or unparsable is left out."""
+        out: dict[int, tuple[int, ...]] = {}
+        for n in self._numa_nodes():
+            text = _read(self.root / "devices" / "system" / "node" / f"node{n}" / "distance")
+            try:
+                row = tuple(int(f) for f in (text or "").split())
+            except ValueError:
+                log.debug("unparsable NUMA distances", extra={"node": n, "value": text})
+                continue
+            if row:
+                out[n] = row
+        return out
+
+    def numa_sockets(self) -> dict[int, int]:
+        """NUMA node -> the physical package of its lowest CPU (node<n>/cpulist, then
+        cpu<c>/topology/physical_package_id); a node without CPUs (memory only) or
+        unreadable topology is left out."""
+        out: dict[int, int] = {}
+        system = self.root / "devices" / "system"
+        for n in self._numa_nodes():
+            cpu = _first_cpu(_read(system / "node" / f"node{n}" / "cpulist"))
+            if cpu is None:
+                continue
+            package = _read_int(system / "cpu" / f"cpu{cpu}" / "topology" / "physical_package_id")
+            if package is not None:
+                out[n] = package
+        return out
 
     def pci_function(self, address: str) -> PciFunction | None:
         """The PCI function at ``address`` (full domain form), or None if absent."""

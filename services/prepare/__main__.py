@@ -16,7 +16,7 @@ from services.prepare.kube import Kube
 from services.prepare.pipeline import Preparer
 from services.prepare.plugin import DraService, DraV1, DraV1beta1, Registration
 from services.prepare.status import ClaimStatusWriter
-from shared import service
+from shared import features, service
 from shared.admin import AdminServicer
 from shared.rpc import UdsServer
 from shared.storeclient import StoreClient
@@ -29,7 +29,13 @@ DRIVER = "dra.net"
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = service.base_parser("prepare", "kubelet DRA plugin for dra.net: prepares and unprepares claims")
     p.add_argument("--driver-name", default=DRIVER)
-    p.add_argument("--node-name", default=os.environ.get("NODE_NAME") or socket.gethostname())
+    p.add_argument(
+        "--node-name",
+        "--hostname-override",
+        dest="node_name",
+        default=os.environ.get("NODE_NAME") or socket.gethostname(),
+        help="the Node whose claims this plugin prepares (default: $NODE_NAME, else the hostname)",
+    )
     p.add_argument(
         "--kubelet-root-dir",
         default=os.environ.get("KUBELET_ROOT_DIR", "/var/lib/kubelet"),
@@ -56,6 +62,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=DEFAULT_TIMEOUT_S,
         help="seconds one DHCP exchange (interface.dhcp) may take before the claim fails (dranet: 5)",
     )
+    # PersistentResourceSliceAttributes: prepare saves the kept devices (the inventory
+    # publishes them); DRAListTypeAttributes changes nothing here but is accepted, so one
+    # value serves every container.
+    features.add_flag(p)
     return p.parse_args(argv)
 
 
@@ -73,6 +83,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
         store,
         require_attach=not args.no_attach_gate,
         dhcp=DhcpClient(args.device_netns or None, args.dhcp_timeout),
+        keep_devices=args.feature_gates.persistent_slice_attributes,
     )
     root = Path(args.kubelet_root_dir)
     dra_socket = root / "plugins" / args.driver_name / "dra.sock"
@@ -99,7 +110,12 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     await reg_server.start()
     log.info(
         "prepare ready",
-        extra={"node": args.node_name, "dra_socket": str(dra_socket), "registration_socket": str(reg_socket)},
+        extra={
+            "node": args.node_name,
+            "dra_socket": str(dra_socket),
+            "registration_socket": str(reg_socket),
+            "feature_gates": str(args.feature_gates),
+        },
     )
     await stop.wait()
     # Graceful stop, step 1: no new Prepare calls. Removing the registration
@@ -121,6 +137,9 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     service.apply_common(args)
+    # As the inventory (and Kubernetes' nodeutil.GetHostname): node names are lower case, so
+    # the pool prepare checks claims against is the one the inventory publishes.
+    args.node_name = args.node_name.strip().lower()
     service.run("prepare", args.log_level, lambda stop: serve(args, stop))
 
 

@@ -5,7 +5,11 @@ asked for), and for each allocation result of this driver run the seed's
 pipeline — pick the opaque config, merge it onto the provider config, resolve a
 profile, default and validate again (a failure releases the profile), take a
 DHCP lease for interface.dhcp (services/prepare/dhcp.py), add the host
-snapshot — then save one DeviceConfig per pod and device in the store.
+snapshot — then save one DeviceConfig per pod and device in the store. With
+PersistentResourceSliceAttributes each device's published form, as the inventory
+answered the lookup, is saved with it (a KeptDevice in the same store transaction),
+so the inventory keeps it in the ResourceSlice while it is in the Pod; unprepare's
+DeleteClaim removes both.
 Errors are per claim and name the claim, the request, the device and the field;
 a failing claim stores nothing and does not disturb the others.
 """
@@ -94,6 +98,7 @@ class Preparer:
         store: StoreClient,
         require_attach: bool = True,
         dhcp: DhcpClient | None = None,
+        keep_devices: bool = False,
     ) -> None:
         self.driver = driver
         self.node_name = node_name
@@ -103,6 +108,8 @@ class Preparer:
         self.require_attach = require_attach
         # interface.dhcp: leases on the host interfaces, in the devices' netns.
         self.dhcp = dhcp or DhcpClient()
+        # PersistentResourceSliceAttributes: save a KeptDevice with each new config.
+        self.keep_devices = keep_devices
         self.last_timings = Timings()
         self._node_info: inv.NodeInfo | None = None
 
@@ -135,24 +142,27 @@ class Preparer:
             *(self._plan_claim(c, f, node) for c, f in zip(claims, fetches, strict=True))
         )
         results: dict[str, ClaimResult] = {}
-        to_store: list[tuple[ClaimRef, list[st.DeviceConfig]]] = []
+        to_store: list[tuple[ClaimRef, list[st.DeviceConfig], list[st.KeptDevice]]] = []
         for claim, outcome in zip(claims, planned, strict=True):
             if isinstance(outcome, ClaimError):
                 results[claim.uid] = ClaimResult(error=str(outcome))
                 continue
-            configs, devices, timings = outcome
+            configs, kept, devices, timings = outcome
             self.last_timings.add(timings)
             results[claim.uid] = ClaimResult(devices=devices)
             new = [c for c in configs if c.revision == 0]
             if new:
-                to_store.append((claim, new))
+                to_store.append((claim, new, kept))
         if to_store:
             # One durable transaction for every claim of the call.
             t0 = time.perf_counter()
             try:
-                await self.store.put_devices([c for _, cfgs in to_store for c in cfgs])
+                await self.store.put_devices(
+                    [c for _, cfgs, _ in to_store for c in cfgs],
+                    kept=[k for _, _, ks in to_store for k in ks],
+                )
             except StoreCallError as exc:
-                for claim, cfgs in to_store:
+                for claim, cfgs, _ in to_store:
                     await self._release_profiles(cfgs, delete=True)
                     results[claim.uid] = ClaimResult(
                         error=f"claim {claim}: saving device configs failed: {exc}"
@@ -208,7 +218,7 @@ class Preparer:
 
     async def _plan_claim(
         self, ref: ClaimRef, fetch: asyncio.Future[tuple[dict[str, Any] | None, float]], node: inv.NodeInfo
-    ) -> tuple[list[st.DeviceConfig], list[PreparedDevice], Timings] | ClaimError:
+    ) -> tuple[list[st.DeviceConfig], list[st.KeptDevice], list[PreparedDevice], Timings] | ClaimError:
         timings = Timings()
         try:
             claim, took = await fetch
@@ -231,15 +241,18 @@ class Preparer:
                 if r.get("driver") == self.driver
             ]
             configs: list[st.DeviceConfig] = []
+            kept: list[st.KeptDevice] = []
             devices: list[PreparedDevice] = []
             errors: list[str] = []
             for result in ours:
                 try:
-                    cfg = await self._prepare_device(ref, pod, result, entries, node, timings)
+                    cfg, keep = await self._prepare_device(ref, pod, result, entries, node, timings)
                 except ClaimError as exc:
                     errors.append(str(exc))
                     continue
                 configs.append(cfg)
+                if keep is not None:
+                    kept.append(keep)
                 devices.append(
                     PreparedDevice(request=result["request"], pool=result["pool"], device=result["device"])
                 )
@@ -247,7 +260,7 @@ class Preparer:
                 # Profiles allocated in this call go back, with their provisional records.
                 await self._release_profiles([c for c in configs if c.revision == 0], delete=True)
                 raise ClaimError(f"claim {ref}: " + "; ".join(errors))
-            return configs, devices, timings
+            return configs, kept, devices, timings
         except ClaimError as exc:
             return exc
         except (KubeError, InventoryError, StoreCallError) as exc:
@@ -272,7 +285,10 @@ class Preparer:
         entries: list[dict[str, Any]],
         node: inv.NodeInfo,
         timings: Timings,
-    ) -> st.DeviceConfig:
+    ) -> tuple[st.DeviceConfig, st.KeptDevice | None]:
+        """The device's config, and (PersistentResourceSliceAttributes) the device as the
+        inventory publishes it; no KeptDevice for a config already stored (its own was saved
+        with it)."""
         request = result.get("request", "")
         device = result.get("device", "")
         where = f"request {request} device {device}"
@@ -299,7 +315,7 @@ class Preparer:
                     f"{where}: already prepared for pod {pod.namespace}/{pod.name} by claim "
                     f"{existing.claim.namespace}/{existing.claim.name}"
                 )
-            return existing  # idempotent: reuse, allocate nothing new
+            return existing, None  # idempotent: reuse, allocate nothing new
         dev = await lookup
         timings.inventory += time.perf_counter() - t0
         if dev is None:
@@ -389,7 +405,26 @@ class Preparer:
             prepared_unix_nano=time.time_ns(),
         )
         timings.pipeline += time.perf_counter() - t_pipe
-        return cfg
+        return cfg, self._kept(cfg, dev)
+
+    def _kept(self, cfg: st.DeviceConfig, dev: inv.Device) -> st.KeptDevice | None:
+        if not self.keep_devices:
+            return None
+        if not dev.slice_entry_json:
+            log.warning(
+                "the inventory did not say how it publishes the device; it leaves the ResourceSlice "
+                "while in the Pod (is the inventory older than prepare?)",
+                extra=log_fields(device=dev.name, claim_uid=cfg.claim.uid),
+            )
+            return None
+        return st.KeptDevice(
+            device=cfg.device,
+            claim=cfg.claim,
+            pod_uid=cfg.pod.uid,
+            pool=cfg.pool,
+            device_json=dev.slice_entry_json,
+            kept_unix_nano=cfg.prepared_unix_nano,
+        )
 
     async def _lease(
         self, cfg: NetworkConfig, dev: inv.Device, where: str, profile_owned: st.DeviceConfig | None

@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 DEVICES = b"devices"
 RESULTS = b"results"
 ACTIVITY = b"activity"
+# PersistentResourceSliceAttributes: devices the inventory keeps in the ResourceSlice
+# while they are in a Pod, keyed <claim uid>/<device>. An older store without the table
+# opens this database unchanged; the table is created on first open.
+KEPT = b"kept"
 META = b"meta"
 REVISION_KEY = b"revision"
 SCHEMA_KEY = b"schema"
@@ -38,7 +42,7 @@ DEFAULT_MAP_SIZE = 64 << 20
 DEFAULT_MAX_MAP_SIZE = 64 << 30
 MAX_KEY_PART = 253
 
-Table = Literal["devices", "results", "activity"]
+Table = Literal["devices", "results", "activity", "kept"]
 
 
 class StoreError(Exception):
@@ -71,7 +75,7 @@ class Change:
 
     kind: Literal["put", "delete"]
     table: Table
-    record: pb.DeviceConfig | pb.AttachResult | pb.PodActivity
+    record: pb.DeviceConfig | pb.AttachResult | pb.PodActivity | pb.KeptDevice
 
 
 @dataclass
@@ -79,6 +83,7 @@ class _Memory:
     devices: dict[tuple[str, str], pb.DeviceConfig] = field(default_factory=dict)
     results: dict[tuple[str, str], pb.AttachResult] = field(default_factory=dict)
     activity: dict[str, pb.PodActivity] = field(default_factory=dict)
+    kept: dict[tuple[str, str], pb.KeptDevice] = field(default_factory=dict)  # (claim uid, device)
     # pod uid -> device names with a config or a result, for per-pod calls
     by_pod: dict[str, set[str]] = field(default_factory=dict)
 
@@ -96,6 +101,12 @@ def device_key(pod_uid: str, device: str) -> bytes:
     _check_part("pod_uid", pod_uid)
     _check_part("device", device)
     return f"{pod_uid}/{device}".encode()
+
+
+def kept_key(claim_uid: str, device: str) -> bytes:
+    _check_part("claim.uid", claim_uid)
+    _check_part("device", device)
+    return f"{claim_uid}/{device}".encode()
 
 
 def _split_key(key: bytes) -> tuple[str, str]:
@@ -155,7 +166,7 @@ class StoreDB:
         stale = self._env.reader_check()
         if stale:
             log.info("cleared stale LMDB readers", extra={"count": stale})
-        self._dbs = {name: self._env.open_db(name) for name in (DEVICES, RESULTS, ACTIVITY, META)}
+        self._dbs = {name: self._env.open_db(name) for name in (DEVICES, RESULTS, ACTIVITY, KEPT, META)}
         with self._env.begin(write=True) as txn:
             schema = txn.get(SCHEMA_KEY, db=self._dbs[META])
             if schema is None:
@@ -174,7 +185,12 @@ class StoreDB:
     def counts(self) -> dict[Table, int]:
         """How many records each table holds (from memory; for metrics)."""
         mem = self._mem
-        return {"devices": len(mem.devices), "results": len(mem.results), "activity": len(mem.activity)}
+        return {
+            "devices": len(mem.devices),
+            "results": len(mem.results),
+            "activity": len(mem.activity),
+            "kept": len(mem.kept),
+        }
 
     def health(self) -> tuple[bool, str]:
         """Ready while the LMDB environment is open and the last write did not break it."""
@@ -202,6 +218,8 @@ class StoreDB:
                 mem.by_pod.setdefault(k[0], set()).add(k[1])
             for key, value in txn.cursor(db=self._dbs[ACTIVITY]):
                 mem.activity[key.decode()] = pb.PodActivity.FromString(value)
+            for key, value in txn.cursor(db=self._dbs[KEPT]):
+                mem.kept[_split_key(key)] = pb.KeptDevice.FromString(value)
         with self._mu:
             self._mem = mem
             self.revision = revision
@@ -212,6 +230,7 @@ class StoreDB:
                 "devices": len(mem.devices),
                 "results": len(mem.results),
                 "pods": len(mem.activity),
+                "kept": len(mem.kept),
                 "revision": revision,
             },
         )
@@ -271,7 +290,11 @@ class StoreDB:
 
     # --- writes -----------------------------------------------------------------------
 
-    def put_devices(self, configs: Iterable[pb.DeviceConfig]) -> tuple[list[int], list[Change]]:
+    def put_devices(
+        self, configs: Iterable[pb.DeviceConfig], kept: Iterable[pb.KeptDevice] = ()
+    ) -> tuple[list[int], list[Change]]:
+        """DeviceConfigs and KeptDevices in one durable transaction; the revision of
+        each config, in order."""
         self._ready()
         items: list[tuple[tuple[str, str], pb.DeviceConfig]] = []
         for i, cfg in enumerate(configs):
@@ -282,10 +305,20 @@ class StoreDB:
             if not cfg.claim.uid:
                 raise InvalidArgument(f"configs[{i}].claim.uid: must not be empty (device {cfg.device})")
             items.append((_split_key(key), cfg))
-        if not items:
+        kept_items: list[tuple[tuple[str, str], pb.KeptDevice]] = []
+        for i, kd in enumerate(kept):
+            try:
+                key = kept_key(kd.claim.uid, kd.device)
+            except InvalidArgument as exc:
+                raise InvalidArgument(f"kept[{i}].{exc}") from None
+            if not kd.device_json:
+                raise InvalidArgument(f"kept[{i}].device_json: must not be empty (device {kd.device})")
+            kept_items.append((_split_key(key), kd))
+        if not items and not kept_items:
             return [], []
         revision = self.revision + 1
         stored: list[tuple[tuple[str, str], pb.DeviceConfig]] = []
+        stored_kept: list[tuple[tuple[str, str], pb.KeptDevice]] = []
         ops: list[tuple[bytes, bytes, bytes | None]] = []
         for k, cfg in items:
             rec = pb.DeviceConfig()
@@ -293,6 +326,12 @@ class StoreDB:
             rec.revision = revision
             stored.append((k, rec))
             ops.append((DEVICES, f"{k[0]}/{k[1]}".encode(), rec.SerializeToString()))
+        for k, kd in kept_items:
+            krec = pb.KeptDevice()
+            krec.CopyFrom(kd)
+            krec.revision = revision
+            stored_kept.append((k, krec))
+            ops.append((KEPT, f"{k[0]}/{k[1]}".encode(), krec.SerializeToString()))
         self._commit(ops)
         changes = []
         with self._mu:
@@ -300,6 +339,9 @@ class StoreDB:
                 self._mem.devices[k] = rec
                 self._mem.by_pod.setdefault(k[0], set()).add(k[1])
                 changes.append(Change("put", "devices", rec))
+            for k, krec in stored_kept:
+                self._mem.kept[k] = krec
+                changes.append(Change("put", "kept", krec))
             self.revision = revision
         return [revision] * len(stored), changes
 
@@ -338,16 +380,19 @@ class StoreDB:
         devices: Iterable[tuple[str, str]] = (),
         results: Iterable[tuple[str, str]] = (),
         activity: Iterable[str] = (),
+        kept: Iterable[tuple[str, str]] = (),
     ) -> tuple[int, list[Change]]:
         devices = [k for k in devices if k in self._mem.devices]
         results = [k for k in results if k in self._mem.results]
         activity = [p for p in activity if p in self._mem.activity]
-        if not (devices or results or activity):
+        kept = [k for k in kept if k in self._mem.kept]
+        if not (devices or results or activity or kept):
             return 0, []
         ops: list[tuple[bytes, bytes, bytes | None]] = []
         ops += [(DEVICES, f"{p}/{d}".encode(), None) for p, d in devices]
         ops += [(RESULTS, f"{p}/{d}".encode(), None) for p, d in results]
         ops += [(ACTIVITY, p.encode(), None) for p in activity]
+        ops += [(KEPT, f"{c}/{d}".encode(), None) for c, d in kept]
         revision = self._commit(ops)
         changes: list[Change] = []
         with self._mu:
@@ -357,6 +402,8 @@ class StoreDB:
                 changes.append(Change("delete", "results", self._mem.results.pop(k)))
             for p in activity:
                 changes.append(Change("delete", "activity", self._mem.activity.pop(p)))
+            for k in kept:
+                changes.append(Change("delete", "kept", self._mem.kept.pop(k)))
             for p, d in {*devices, *results}:
                 if (p, d) not in self._mem.devices and (p, d) not in self._mem.results:
                     left = self._mem.by_pod.get(p)
@@ -365,19 +412,32 @@ class StoreDB:
                         if not left:
                             del self._mem.by_pod[p]
             self.revision = revision
-        return len(devices) + len(results) + len(activity), changes
+        return len(devices) + len(results) + len(activity) + len(kept), changes
+
+    def _kept_where(self, pod_uid: str = "", device: str = "", claim_uid: str = "") -> list[tuple[str, str]]:
+        """Keys of the kept devices matching every non-empty filter (call under _mu)."""
+        return sorted(
+            k
+            for k, v in self._mem.kept.items()
+            if (not pod_uid or v.pod_uid == pod_uid)
+            and (not device or v.device == device)
+            and (not claim_uid or v.claim.uid == claim_uid)
+        )
 
     def delete_device(self, pod_uid: str, device: str) -> tuple[int, list[Change]]:
         self._ready()
         k = _split_key(device_key(pod_uid, device))
-        return self._delete(devices=[k], results=[k])
+        with self._mu:
+            kept = self._kept_where(pod_uid=pod_uid, device=device)
+        return self._delete(devices=[k], results=[k], kept=kept)
 
     def delete_pod(self, pod_uid: str) -> tuple[int, list[Change]]:
         self._ready()
         _check_part("pod_uid", pod_uid)
         with self._mu:
             keys = [(pod_uid, d) for d in sorted(self._mem.by_pod.get(pod_uid, ()))]
-        return self._delete(devices=keys, results=keys, activity=[pod_uid])
+            kept = self._kept_where(pod_uid=pod_uid)
+        return self._delete(devices=keys, results=keys, activity=[pod_uid], kept=kept)
 
     def clear_attach_state(self, pod_uid: str) -> tuple[int, list[Change]]:
         self._ready()
@@ -393,7 +453,8 @@ class StoreDB:
         with self._mu:
             keys = sorted(k for k, v in self._mem.devices.items() if v.claim.uid == claim_uid)
             removed = [self._mem.devices[k] for k in keys]
-        _, changes = self._delete(devices=keys)
+            kept = self._kept_where(claim_uid=claim_uid)
+        _, changes = self._delete(devices=keys, kept=kept)
         return removed, changes
 
     # --- reads (memory) ---------------------------------------------------------------
@@ -440,12 +501,22 @@ class StoreDB:
                     resp.activities.append(act)
         return resp
 
-    def snapshot(self) -> Iterator[Change]:
-        """Every record as a put, for a watch's initial listing."""
+    def list_kept(self) -> pb.ListKeptResponse:
         with self._mu:
-            records: list[Change] = [Change("put", "devices", dc) for dc in self._mem.devices.values()]
-            records += [Change("put", "results", ar) for ar in self._mem.results.values()]
-            records += [Change("put", "activity", act) for act in self._mem.activity.values()]
+            return pb.ListKeptResponse(
+                kept=[v for _, v in sorted(self._mem.kept.items())], revision=self.revision
+            )
+
+    def snapshot(self, kept_only: bool = False) -> Iterator[Change]:
+        """Every record (only the kept devices with ``kept_only``) as a put, for a
+        watch's initial listing."""
+        with self._mu:
+            records: list[Change] = []
+            if not kept_only:
+                records += [Change("put", "devices", dc) for dc in self._mem.devices.values()]
+                records += [Change("put", "results", ar) for ar in self._mem.results.values()]
+                records += [Change("put", "activity", act) for act in self._mem.activity.values()]
+            records += [Change("put", "kept", kd) for _, kd in sorted(self._mem.kept.items())]
         yield from records
 
     # --- direct access for the benchmark baseline -------------------------------------

@@ -70,7 +70,7 @@ def bind(
     MAP_SIZE.set_function(map_size)
     STREAMS.set_function(streams)
     ATTACH_CONNECTED.set_function(lambda: 1.0 if attach_connected() else 0.0)
-    for table in ("devices", "results", "activity"):
+    for table in ("devices", "results", "activity", "kept"):
         RECORDS.labels(table).set_function(_count_of(records, table))
 
 

@@ -39,9 +39,11 @@ R = TypeVar("R")
 
 
 class _Watcher:
-    def __init__(self) -> None:
+    def __init__(self, kept_only: bool = False) -> None:
         self.queue: asyncio.Queue[pb.WatchEvent | None] = asyncio.Queue(WATCH_QUEUE)
         self.overflowed = False
+        # Only KeptDevice events (the inventory's watch).
+        self.kept_only = kept_only
 
 
 def _event(change: Change, revision: int) -> pb.WatchEvent:
@@ -52,6 +54,8 @@ def _event(change: Change, revision: int) -> pb.WatchEvent:
         ev.device.CopyFrom(change.record)
     elif change.table == "results":
         ev.result.CopyFrom(change.record)
+    elif change.table == "kept":
+        ev.kept.CopyFrom(change.record)
     else:
         ev.activity.CopyFrom(change.record)
     return ev
@@ -177,7 +181,10 @@ class StoreService(store_pb2_grpc.PodConfigStoreServicer):
             self._broadcast(ev)
 
     def _broadcast(self, ev: pb.WatchEvent) -> None:
+        kept = ev.WhichOneof("record") == "kept"
         for w in list(self._watchers):
+            if w.kept_only and not kept:
+                continue
             try:
                 w.queue.put_nowait(ev)
             except asyncio.QueueFull:
@@ -210,7 +217,7 @@ class StoreService(store_pb2_grpc.PodConfigStoreServicer):
     # --- operations shared by unary calls and sessions ---------------------------------
 
     async def put_devices(self, req: pb.PutDevicesRequest) -> pb.PutDevicesResponse:
-        revisions = await self._write(lambda: self.db.put_devices(req.configs))
+        revisions = await self._write(lambda: self.db.put_devices(req.configs, req.kept))
         return pb.PutDevicesResponse(revisions=revisions)
 
     async def put_attach_result(self, req: pb.AttachResult) -> pb.PutResponse:
@@ -263,6 +270,9 @@ class StoreService(store_pb2_grpc.PodConfigStoreServicer):
     async def List(self, request: pb.ListRequest, context: Any) -> pb.ListResponse:
         return await self._call(context, "list", lambda: self.db.list(request.pod_uid, request.claim_uid))
 
+    async def ListKept(self, request: pb.ListKeptRequest, context: Any) -> pb.ListKeptResponse:
+        return await self._call(context, "list_kept", self.db.list_kept)
+
     async def PutAttachResult(self, request: pb.AttachResult, context: Any) -> pb.PutResponse:
         return await self._call(context, "put_attach_result", self.put_attach_result(request))
 
@@ -303,7 +313,7 @@ class StoreService(store_pb2_grpc.PodConfigStoreServicer):
         self._broadcast(ev)
 
     async def Watch(self, request: pb.WatchRequest, context: Any) -> AsyncIterator[pb.WatchEvent]:
-        w = _Watcher()
+        w = _Watcher(kept_only=request.kept_only)
         if self._closing.is_set():
             return
         # Register before the snapshot so nothing committed after it is missed; a
@@ -314,11 +324,12 @@ class StoreService(store_pb2_grpc.PodConfigStoreServicer):
         try:
             if request.initial:
                 revision = self.db.revision
-                for change in self.db.snapshot():
+                for change in self.db.snapshot(kept_only=request.kept_only):
                     yield _event(change, revision)
-                live = pb.WatchEvent(type=pb.WatchEvent.PUT, revision=revision)
-                live.liveness.CopyFrom(self.liveness.state)
-                yield live
+                if not request.kept_only:
+                    live = pb.WatchEvent(type=pb.WatchEvent.PUT, revision=revision)
+                    live.liveness.CopyFrom(self.liveness.state)
+                    yield live
                 yield pb.WatchEvent(type=pb.WatchEvent.SYNCED, revision=revision)
             while True:
                 ev = await w.queue.get()
@@ -369,7 +380,7 @@ class StoreService(store_pb2_grpc.PodConfigStoreServicer):
             req = await self._unless_closing(context.read())
             if req is grpc.aio.EOF or isinstance(req, _Closed):
                 return
-            if req.WhichOneof("op") in ("get_device", "get_pod", "list", "get_liveness"):
+            if req.WhichOneof("op") in ("get_device", "get_pod", "list", "list_kept", "get_liveness"):
                 # Reads come from memory: answer inline.
                 await send(await self._session_call(req))
                 continue
@@ -394,6 +405,8 @@ class StoreService(store_pb2_grpc.PodConfigStoreServicer):
                 resp.pod.CopyFrom(self.db.pod_state(req.get_pod.pod_uid))
             elif op == "list":
                 resp.list.CopyFrom(self.db.list(req.list.pod_uid, req.list.claim_uid))
+            elif op == "list_kept":
+                resp.list_kept.CopyFrom(self.db.list_kept())
             elif op == "get_liveness":
                 resp.liveness.CopyFrom(self.liveness.state)
             elif op == "put_devices":

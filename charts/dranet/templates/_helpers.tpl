@@ -87,3 +87,14 @@ livenessProbe:
   timeoutSeconds: {{ $p.timeoutSeconds }}
   failureThreshold: {{ $p.livenessFailureThreshold }}
 {{- end -}}
+
+{{/* --feature-gates from .Values.featureGates (keys in name order), or nothing when empty. */}}
+{{- define "dranet.featureGatesArg" -}}
+{{- $pairs := list -}}
+{{- range $name, $on := .Values.featureGates -}}
+{{- $pairs = append $pairs (printf "%s=%t" $name $on) -}}
+{{- end -}}
+{{- if $pairs -}}
+- --feature-gates={{ join "," $pairs }}
+{{- end -}}
+{{- end -}}

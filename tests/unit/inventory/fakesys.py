@@ -65,6 +65,24 @@ class FakeSys:
         for i in range(n):
             (self.root / "devices/system/node" / f"node{i}").mkdir(parents=True, exist_ok=True)
 
+    def numa_topology(
+        self, distances: list[list[int]], sockets: list[int | None], cpus_per_node: int = 2
+    ) -> None:
+        """node<i>/distance (the SLIT row), node<i>/cpulist and each CPU's physical package:
+        node i has CPUs i*cpus_per_node.. on socket ``sockets[i]``, or no CPU when None."""
+        system = self.root / "devices/system"
+        for i, row in enumerate(distances):
+            node = system / "node" / f"node{i}"
+            _write(node / "distance", " ".join(str(d) for d in row) + "\n")
+            package = sockets[i]
+            if package is None:
+                _write(node / "cpulist", "\n")
+                continue
+            first = i * cpus_per_node
+            _write(node / "cpulist", f"{first}-{first + cpus_per_node - 1}\n")
+            for cpu in range(first, first + cpus_per_node):
+                _write(system / "cpu" / f"cpu{cpu}" / "topology" / "physical_package_id", f"{package}\n")
+
     def pci(
         self,
         bdf: str,

@@ -7,7 +7,7 @@ import ipaddress
 import pytest
 
 from services.inventory import attributes as A
-from services.inventory.cloud.base import Attribute
+from services.inventory.cloud.base import Attribute, AttrKind, attribute_problem
 
 
 @pytest.mark.parametrize(
@@ -73,3 +73,69 @@ def test_limit_is_a_no_op_under_the_limit() -> None:
 def test_fit_string() -> None:
     assert A.fit_string("x" * 70) == "x" * 64
     assert A.fit_string("short") == "short"
+
+
+# SLIT rows of a 2-socket machine with 2 NUMA nodes per socket (sub-NUMA clustering).
+SNC = {0: (10, 12, 20, 20), 1: (12, 10, 20, 20), 2: (20, 20, 10, 12), 3: (20, 20, 12, 10)}
+
+
+@pytest.mark.parametrize(
+    ("node", "distances", "sockets", "want"),
+    [
+        # the kernel's numa_node first, then the same-socket nodes at the smallest distance
+        (0, SNC, {0: 0, 1: 0, 2: 1, 3: 1}, [0, 1]),
+        (1, SNC, {0: 0, 1: 0, 2: 1, 3: 1}, [1, 0]),
+        (3, SNC, {0: 0, 1: 0, 2: 1, 3: 1}, [3, 2]),
+        # no socket facts: distance alone decides
+        (2, SNC, {}, [2, 3]),
+        # a single-node machine, or no distances: the node alone
+        (0, {0: (10,)}, {0: 0}, [0]),
+        (0, {}, {}, [0]),
+        (1, {0: (10, 20)}, {}, [1]),
+        # the node is outside its own row (a broken table): alone
+        (2, {2: (10, 20)}, {}, [2]),
+        # several nodes tie at the smallest distance, ascending after the device's node
+        (2, {2: (11, 11, 10, 11)}, {}, [2, 0, 1, 3]),
+        # a tie on another socket is left out; one whose socket is unknown stays in
+        (2, {2: (11, 11, 10, 11)}, {0: 1, 1: 0, 2: 0}, [2, 1, 3]),
+        # the device's own socket unknown: no socket filtering at all
+        (2, {2: (11, 11, 10, 11)}, {0: 1, 1: 0}, [2, 0, 1, 3]),
+        # equidistant but farther than the nearest one: not listed
+        (0, {0: (10, 21, 12, 21)}, {}, [0, 2]),
+    ],
+)
+def test_numa_node_list(
+    node: int, distances: dict[int, tuple[int, ...]], sockets: dict[int, int], want: list[int]
+) -> None:
+    assert A.numa_node_list(node, distances, sockets) == want
+
+
+@pytest.mark.parametrize(
+    ("obj", "attr"),
+    [
+        ({"ints": [0, 1]}, Attribute.of_ints([0, 1])),
+        ({"bools": [True, False]}, Attribute(AttrKind.BOOLS, (True, False))),
+        ({"strings": ["a", "b"]}, Attribute(AttrKind.STRINGS, ("a", "b"))),
+        ({"versions": ["1.0.0"]}, Attribute(AttrKind.VERSIONS, ("1.0.0",))),
+        ({"int": 3}, Attribute.of_int(3)),
+    ],
+)
+def test_list_attributes_round_trip(obj: dict[str, object], attr: Attribute) -> None:
+    assert Attribute.from_json(obj) == attr
+    assert attr.to_json() == obj
+    assert attribute_problem("resource.kubernetes.io/numaNode", attr) is None
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [{"ints": []}, {"ints": [True]}, {"ints": 1}, {"strings": [1]}, {"bools": [0]}, {"lists": [1]}],
+)
+def test_bad_list_attributes(obj: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        Attribute.from_json(obj)
+
+
+def test_list_attribute_limits() -> None:
+    assert "48" in str(attribute_problem("a.b/c", Attribute.of_ints(range(49))))
+    assert "64" in str(attribute_problem("a.b/c", Attribute(AttrKind.STRINGS, ("x" * 65,))))
+    assert "semantic" in str(attribute_problem("a.b/c", Attribute(AttrKind.VERSIONS, ("1.0",))))

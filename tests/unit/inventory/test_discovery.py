@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -184,6 +185,43 @@ def test_single_numa_host_has_no_legacy_numa_attribute(tmp_path: Path, pciids: P
     shutil.rmtree(tmp_path / "sys/devices/system/node/node1")
     dev = scan(Sysfs(fs.root), pciids, [])["pci-0000-3b-00-0"]
     assert A.NUMA_NODE not in dev.attributes and values(dev)[A.STANDARD_NUMA_NODE] == 0
+
+
+@pytest.mark.parametrize(
+    ("list_form", "pf", "ib"),
+    [
+        # the gate off (dranet's default): scalars, as before
+        (False, {"int": 0}, {"int": 1}),
+        # DRAListTypeAttributes: the node, then its same-socket neighbour at the smallest distance
+        (True, {"ints": [0, 1]}, {"ints": [1, 0]}),
+    ],
+    ids=["scalar", "list"],
+)
+def test_standard_numa_attribute_form(
+    tmp_path: Path, pciids: PciIds, list_form: bool, pf: dict[str, object], ib: dict[str, object]
+) -> None:
+    fs = mellanox_host(tmp_path / "sys")
+    fs.numa_nodes(4)
+    fs.numa_topology([[10, 12, 20, 20], [12, 10, 20, 20], [20, 20, 10, 12], [20, 20, 12, 10]], [0, 0, 1, 1])
+    sysfs = Sysfs(fs.root)
+    facts = replace(
+        facts_from(sysfs, [link("ens1f0np0")]),
+        numa_distances=sysfs.numa_distances(),
+        numa_sockets=sysfs.numa_sockets(),
+    )
+    got = {d.name: d for d in build_devices(facts, ScanOptions(list_numa_attributes=list_form), pciids)}
+    entries = {n: d.slice_entry()["attributes"] for n, d in got.items()}
+    assert entries["pci-0000-3b-00-0"][A.STANDARD_NUMA_NODE] == pf
+    assert entries["pci-0000-5e-00-0"][A.STANDARD_NUMA_NODE] == ib
+    # the legacy dra.net/numaNode stays a scalar either way (dranet db.go)
+    assert entries["pci-0000-3b-00-0"][A.NUMA_NODE] == {"int": 0}
+    # no NUMA affinity (numa_node -1): no standardized attribute in either form
+    (fs.root / "devices/pci0000:3a/0000:3a:00.0/0000:3b:00.2/numa_node").write_text("-1\n")
+    got = {
+        d.name: d
+        for d in build_devices(facts_from(sysfs, []), ScanOptions(list_numa_attributes=list_form), pciids)
+    }
+    assert A.STANDARD_NUMA_NODE not in got["pci-0000-3b-00-2"].attributes
 
 
 def test_names_never_collide(sysfs: Sysfs, pciids: PciIds) -> None:

@@ -103,6 +103,27 @@ def test_pci_ids_from_modalias_when_files_are_missing(host: tuple[FakeSys, Sysfs
 
 def test_numa_nodes(host: tuple[FakeSys, Sysfs]) -> None:
     assert host[1].numa_node_count() == 2
+    # Without distance or CPU files (the default tree) nothing is known.
+    assert host[1].numa_distances() == {} and host[1].numa_sockets() == {}
+
+
+def test_numa_distances_and_sockets(host: tuple[FakeSys, Sysfs]) -> None:
+    fs, sysfs = host
+    fs.numa_nodes(4)
+    fs.numa_topology(
+        [[10, 12, 20, 20], [12, 10, 20, 20], [20, 20, 10, 12], [20, 20, 12, 10]], [0, 0, 1, None]
+    )
+    assert sysfs.numa_distances() == {
+        0: (10, 12, 20, 20),
+        1: (12, 10, 20, 20),
+        2: (20, 20, 10, 12),
+        3: (20, 20, 12, 10),
+    }
+    # node 3 has no CPU (a memory-only node): its socket is unknown
+    assert sysfs.numa_sockets() == {0: 0, 1: 0, 2: 1}
+    (fs.root / "devices/system/node/node1/distance").write_text("10 x\n")
+    (fs.root / "devices/system/node/node2/cpulist").write_text("0-1,junk\n")
+    assert 1 not in sysfs.numa_distances() and 2 not in sysfs.numa_sockets()
 
 
 def test_rdma_links(host: tuple[FakeSys, Sysfs]) -> None:
