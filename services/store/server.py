@@ -30,6 +30,12 @@ WATCH_QUEUE = 4096
 _CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 
 
+def _consume(task: asyncio.Future[Any]) -> None:
+    """Mark a dropped task's outcome as retrieved."""
+    if not task.cancelled():
+        task.exception()
+
+
 class _Closed:
     """What a stream step returns instead of a value once the store is stopping."""
 
@@ -151,6 +157,13 @@ class StoreService(store_pb2_grpc.PodConfigStoreServicer):
         closing = asyncio.ensure_future(self._closing.wait())
         try:
             await asyncio.wait((task, closing), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            # The RPC itself was cancelled (its client went away): the step is dropped, and
+            # its outcome (StopAsyncIteration when the stream ended) is consumed, or asyncio
+            # logs "Task exception was never retrieved" (seen under churn on a real node).
+            task.cancel()
+            task.add_done_callback(_consume)
+            raise
         finally:
             closing.cancel()
         if task.done():
