@@ -1,20 +1,30 @@
 #!/usr/bin/env bash
 # Builds the upstream test peers from Go modules: kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubelet and kubectl (one Kubernetes version), and etcd. Nothing of their code
-# enters the project: they are the real cluster the tests and `make up` run on.
+# kube-scheduler, kubelet and kubectl (each pinned Kubernetes version), and etcd. Nothing of
+# their code enters the project: they are the real cluster the tests and `make up` run on.
 #
 # Cached outside the checkout, keyed by version: $CACHE/kube-<v>/bin, $CACHE/etcd-<v>/bin; a
 # binary that exists is not built again. Go's module and build caches live under $CACHE/go.
 #
-#   dev/build-kube.sh [CACHE]        (versions: dev/versions.env)
+#   dev/build-kube.sh [CACHE [VERSION...]]   (default: every version of KUBE_VERSIONS in
+#                                             dev/versions.env; the harness picks one with
+#                                             DRANET_KUBE_VERSION, default KUBE_VERSION)
+#
+# Go: the machine's own (GOTOOLCHAIN=local) when it is at least what a module's go.mod names. A
+# version whose go.mod needs a newer Go builds only with GOTOOLCHAIN=<that toolchain> exported
+# by the caller (the go command then takes that toolchain from the module registry).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=dev/versions.env
 source "$here/versions.env"
 CACHE=${1:-${DRANET_CACHE:-/var/cache/dranet-dev}}
+shift || true
+VERSIONS=("$@")
+[[ ${#VERSIONS[@]} -gt 0 ]] || read -r -a VERSIONS <<< "${KUBE_VERSIONS:-$KUBE_VERSION}"
 log() { printf '[build-kube %s] %s\n' "$(date +%T)" "$*" >&2; }
 
-export GOMODCACHE=$CACHE/go/mod GOCACHE=$CACHE/go/build GOFLAGS=-mod=mod GOTOOLCHAIN=local
+export GOMODCACHE=$CACHE/go/mod GOCACHE=$CACHE/go/build GOFLAGS=-mod=mod
+export GOTOOLCHAIN=${GOTOOLCHAIN:-local}
 export CGO_ENABLED=0
 
 need_go() {  # $1 = minimum minor version of Go 1.x
@@ -36,24 +46,35 @@ need_go() {  # $1 = minimum minor version of Go 1.x
 
 # Kubernetes' go.mod requires every staging module at v0.0.0 with a replace block, which Go
 # ignores outside the main module: a throwaway main module replaces each with v0.<minor>.<patch>.
-build_kube() {
-    local v=$KUBE_VERSION out=$CACHE/kube-$KUBE_VERSION
+# The list of staging modules changes between minors: it is read from that version's own go.mod,
+# and so are its `go` and `godebug` lines (a newer Go keeps that release's runtime defaults).
+build_kube() {  # $1 = version (v1.x.y)
+    local v=$1 out=$CACHE/kube-$1
     local bins=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
     local missing=()
     for b in "${bins[@]}"; do [[ -x $out/bin/$b ]] || missing+=("$b"); done
     [[ ${#missing[@]} -eq 0 ]] && { log "kubernetes $v: cached in $out/bin"; return; }
     need_go 24
-    local mod=$out/module minor=${v#v1.} staging
+    local mod=$out/module minor=${v#v1.} staging upmod gover godebug t_all=$SECONDS
     minor=${minor%%.*}
     mkdir -p "$mod" "$out/bin"
     staging="0.${v#v1.}"
+    log "kubernetes $v: reading its go.mod"
+    upmod=$(cd "$out" && go list -m -f '{{.GoMod}}' "k8s.io/kubernetes@$v")
+    gover=$(awk '$1 == "go" { print $2; exit }' "$upmod")
+    godebug=$(awk '$1 == "godebug" && $2 != "(" { print; exit }' "$upmod")
+    local -a mods
+    mapfile -t mods < <(sed -nE 's#^[[:space:]]*k8s\.io/([a-z0-9-]+) => \./staging/src/k8s\.io/.*#\1#p' "$upmod")
+    [[ ${#mods[@]} -gt 0 && -n $gover ]] || { log "kubernetes $v: no staging modules in $upmod"; exit 1; }
+    need_go "$(echo "$gover" | cut -d. -f2)"
+    log "kubernetes $v: go $gover, ${godebug:-no godebug}, ${#mods[@]} staging modules"
     {
         echo "module dranet.dev/kubebuild"
-        echo "go 1.24.0"
-        echo "godebug default=go1.24"
+        echo "go $gover"
+        [[ -n $godebug ]] && echo "$godebug"
         echo "require k8s.io/kubernetes $v"
         echo "replace ("
-        for s in $KUBE_STAGING; do echo "    k8s.io/$s => k8s.io/$s v$staging"; done
+        for s in "${mods[@]}"; do echo "    k8s.io/$s => k8s.io/$s v$staging"; done
         echo ")"
     } > "$mod/go.mod"
     {
@@ -77,6 +98,7 @@ build_kube() {
         mv "$out/bin/$b.tmp" "$out/bin/$b"
         log "kubernetes $v: $b built in $((SECONDS - t0)) s"
     done
+    log "kubernetes $v: built in $((SECONDS - t_all)) s"
 }
 
 build_etcd() {
@@ -96,4 +118,4 @@ build_etcd() {
 
 mkdir -p "$CACHE"
 build_etcd
-build_kube
+for v in "${VERSIONS[@]}"; do build_kube "$v"; done

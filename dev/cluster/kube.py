@@ -76,28 +76,65 @@ class ClusterError(RuntimeError):
     """A component did not build, start or become ready; the message names it and its log."""
 
 
+# Alpha control-plane feature gates the harness turns on where the version has them, because
+# tests use the API fields they guard: name -> (first minor that has the gate, first minor that no
+# longer accepts it, or None). Each is read in kube-apiserver (fields kept, validation) and
+# kube-scheduler (CEL environment, allocation); the kubelet and the controllers do not need them.
+CONTROL_PLANE_GATES: dict[str, tuple[int, int | None]] = {
+    # KEP 5491: ResourceSlice attributes with list values (ints, bools, strings, versions),
+    # includes() in CEL, matchAttribute on lists. Alpha in 1.36 and 1.37.
+    "DRAListTypeAttributes": (36, None),
+}
+
+
 def versions() -> dict[str, str]:
-    """``dev/versions.env`` as a dict (KUBE_VERSION, ETCD_VERSION, ...)."""
+    """``dev/versions.env`` as a dict (KUBE_VERSION, KUBE_VERSIONS, ETCD_VERSION, ...); a list
+    value (``KUBE_VERSIONS="a b"``) is one space-separated string."""
     out: dict[str, str] = {}
     for line in (DEV / "versions.env").read_text().splitlines():
         line = line.strip()
         if line and not line.startswith("#") and "=" in line:
             k, v = line.split("=", 1)
-            out[k] = shlex.split(v)[0] if v else ""
+            out[k] = " ".join(shlex.split(v)) if v else ""
     return out
 
 
-def kube_bin(name: str) -> Path:
-    return CACHE / f"kube-{versions()['KUBE_VERSION']}" / "bin" / name
+def selected_kube_version() -> str:
+    """The Kubernetes version the harness runs: ``$DRANET_KUBE_VERSION`` if set (one that
+    ``dev/build-kube.sh`` built, e.g. KUBE_VERSION_NEXT), else the pinned KUBE_VERSION."""
+    return os.environ.get("DRANET_KUBE_VERSION") or versions()["KUBE_VERSION"]
+
+
+def kube_minor(version: str) -> int:
+    """``v1.37.2`` -> 37."""
+    major, minor = version.lstrip("v").split(".")[:2]
+    if major != "1":
+        raise ClusterError(f"unexpected Kubernetes version {version!r}")
+    return int(minor)
+
+
+def control_plane_gates(version: str) -> dict[str, bool]:
+    """The gates of CONTROL_PLANE_GATES that ``version`` has, all on."""
+    minor = kube_minor(version)
+    return {
+        g: True
+        for g, (since, until) in CONTROL_PLANE_GATES.items()
+        if minor >= since and (until is None or minor < until)
+    }
+
+
+def kube_bin(name: str, version: str | None = None) -> Path:
+    return CACHE / f"kube-{version or selected_kube_version()}" / "bin" / name
 
 
 def etcd_bin() -> Path:
     return CACHE / f"etcd-{versions()['ETCD_VERSION']}" / "bin" / "etcd"
 
 
-def build() -> None:
-    """Build whatever of the Kubernetes and etcd binaries is not cached yet (prints progress)."""
-    subprocess.run([str(DEV / "build-kube.sh"), str(CACHE)], check=True)
+def build(version: str | None = None) -> None:
+    """Build whatever of etcd and one Kubernetes version (default: the selected one) is not
+    cached yet (prints progress)."""
+    subprocess.run([str(DEV / "build-kube.sh"), str(CACHE), version or selected_kube_version()], check=True)
 
 
 def sh(*argv: str, check: bool = True, netns: str | None = None) -> str:
@@ -458,13 +495,18 @@ class KubeCluster:
         state_dir: str | os.PathLike[str] | None = None,
         node_name: str = "dev-node",
         netns: str | None = None,
+        kube_version: str | None = None,
     ) -> None:
         # Short paths: AF_UNIX socket paths under the kubelet root dir must stay < 108 bytes.
         self._own_state = state_dir is None
         self.state = Path(state_dir or tempfile.mkdtemp(prefix="dnk-", dir="/tmp")).resolve()
         self.node_name = node_name
         v = versions()
-        self.kube_version, self.etcd_version = v["KUBE_VERSION"], v["ETCD_VERSION"]
+        self.kube_version = kube_version or selected_kube_version()
+        self.etcd_version = v["ETCD_VERSION"]
+        self.kube_minor = kube_minor(self.kube_version)
+        # Control-plane gates on for this version (kube-apiserver and kube-scheduler).
+        self.feature_gates = control_plane_gates(self.kube_version)
         self.pki = Pki(self.state / "pki")
         self.net = NodeNet(netns or f"dnode-{secrets.token_hex(2)}")
         self.kubelet_dir = self.state / "kubelet"
@@ -482,6 +524,14 @@ class KubeCluster:
 
     # -- facts ------------------------------------------------------------------------------------
 
+    def bin(self, name: str) -> Path:
+        """One of this cluster's Kubernetes binaries (of ``kube_version``)."""
+        return kube_bin(name, self.kube_version)
+
+    def _gate_flags(self) -> list[str]:
+        gates = ",".join(f"{g}={str(on).lower()}" for g, on in sorted(self.feature_gates.items()))
+        return [f"--feature-gates={gates}"] if gates else []
+
     @property
     def netns(self) -> str:
         return self.net.netns
@@ -498,7 +548,7 @@ class KubeCluster:
     def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> str:
         """The kubectl built with the cluster, as admin."""
         res = subprocess.run(
-            [str(kube_bin("kubectl")), "--kubeconfig", str(self.kubeconfig), *args],
+            [str(self.bin("kubectl")), "--kubeconfig", str(self.kubeconfig), *args],
             capture_output=True,
             text=True,
             input=input,
@@ -522,8 +572,10 @@ class KubeCluster:
 
     def start(self, timeout: float = 120.0) -> None:
         for b in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl"):
-            if not kube_bin(b).exists():
-                raise ClusterError(f"{kube_bin(b)} is missing: run dev/build-kube.sh (make setup)")
+            if not self.bin(b).exists():
+                raise ClusterError(
+                    f"{self.bin(b)} is missing: run dev/build-kube.sh {CACHE} {self.kube_version} (make setup)"
+                )
         if not etcd_bin().exists():
             raise ClusterError(f"{etcd_bin()} is missing: run dev/build-kube.sh (make setup)")
         self.host_sysctls = read_host_sysctls()
@@ -633,7 +685,7 @@ class KubeCluster:
         self._proc(
             "kube-apiserver",
             [
-                str(kube_bin("kube-apiserver")),
+                str(self.bin("kube-apiserver")),
                 f"--etcd-servers={self.etcd_url}",
                 f"--bind-address={self.net.host_ip}",
                 f"--advertise-address={self.net.host_ip}",
@@ -653,6 +705,7 @@ class KubeCluster:
                 "--enable-admission-plugins=NamespaceLifecycle,LimitRanger,ServiceAccount,"
                 "DefaultStorageClass,ResourceQuota,NodeRestriction",
                 "--profiling=false",
+                *self._gate_flags(),
                 "--v=1",
             ],
         )
@@ -664,7 +717,7 @@ class KubeCluster:
         self._proc(
             "kube-controller-manager",
             [
-                str(kube_bin("kube-controller-manager")),
+                str(self.bin("kube-controller-manager")),
                 f"--kubeconfig={cm}",
                 f"--authentication-kubeconfig={cm}",
                 f"--authorization-kubeconfig={cm}",
@@ -679,10 +732,11 @@ class KubeCluster:
         self._proc(
             "kube-scheduler",
             [
-                str(kube_bin("kube-scheduler")),
+                str(self.bin("kube-scheduler")),
                 f"--kubeconfig={sched}",
                 f"--authentication-kubeconfig={sched}",
                 f"--authorization-kubeconfig={sched}",
+                *self._gate_flags(),
                 *common,
             ],
         )
@@ -759,7 +813,7 @@ class KubeCluster:
             binds.append(f"mount --bind {shlex.quote(str(f))} /proc/sys/{name}")
         (self.state / "pod-logs").mkdir(exist_ok=True)
         kubelet = [
-            str(kube_bin("kubelet")),
+            str(self.bin("kubelet")),
             f"--config={config}",
             f"--kubeconfig={self.state / 'node.kubeconfig'}",
             f"--root-dir={self.kubelet_dir}",
@@ -884,8 +938,9 @@ class KubeCluster:
             return
         for proc in Path("/proc").iterdir():
             with contextlib.suppress(OSError):
-                if proc.name.isdigit() and (proc / "exe").resolve() == kube_bin("kubelet"):
-                    return  # another cluster's kubelet still runs
+                exe = (proc / "exe").resolve() if proc.name.isdigit() else None
+                if exe is not None and exe.name == "kubelet" and exe.is_relative_to(CACHE):
+                    return  # another cluster's kubelet (of any version) still runs
         shutil.rmtree(VAR_LIB_KUBELET, ignore_errors=True)
         marker.unlink(missing_ok=True)
 
@@ -957,18 +1012,25 @@ class KubeCluster:
 
     def service_identity(self, service: str, namespace: str = "kube-system") -> Path:
         """A ServiceAccount ``dranet-<service>`` bound to the chart's ClusterRole, and a kubeconfig
-        holding a token for it (the identity the service has in the DaemonSet)."""
+        holding a token for it (the identity the service has in the DaemonSet).
+
+        The token is bound to this cluster's Node, as the DaemonSet pod's projected token is
+        (through its Pod): the API server then sees the same ``authentication.kubernetes.io/
+        node-name`` extra, which the per-driver status authorization of 1.36+
+        (DRAResourceClaimGranularStatusAuthorization: ``associated-node:patch`` on
+        ``resourceclaims/driver``) checks. Unbound when there is no Node yet."""
         from dev.cluster import chart
 
         self.apply(chart.rbac_for(f"dranet-{service}", namespace))
+        spec: dict[str, Any] = {"expirationSeconds": 86400}
+        node = self.api.call("GET", f"/api/v1/nodes/{self.node_name}", ok=(200, 404))
+        if node.get("kind") == "Node":
+            ref = {"apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": node["metadata"]["uid"]}
+            spec["boundObjectRef"] = ref
         resp = self.api.call(
             "POST",
             f"/api/v1/namespaces/{namespace}/serviceaccounts/dranet-{service}/token",
-            {
-                "apiVersion": "authentication.k8s.io/v1",
-                "kind": "TokenRequest",
-                "spec": {"expirationSeconds": 86400},
-            },
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
         )
         return write_kubeconfig(
             self.state / f"{service}.kubeconfig", self.server, self.pki.ca_crt, f"dranet-{service}",

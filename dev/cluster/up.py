@@ -28,7 +28,7 @@ from pathlib import Path
 from dev.cluster import demo
 from dev.cluster.driver import Driver
 from dev.cluster.install import NAMESPACE, Installed
-from dev.cluster.kube import KubeCluster, build, kube_bin
+from dev.cluster.kube import KubeCluster, build
 
 NODE = "dev-node"
 
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
             cluster.net.add_nic(
                 f"eth{i}", addresses=[f"192.168.{100 + i}.2/24"], peer_addresses=[f"192.168.{100 + i}.1/24"]
             )
-        kubectl = f"{kube_bin('kubectl')} --kubeconfig {cluster.kubeconfig}"
+        kubectl = f"{cluster.bin('kubectl')} --kubeconfig {cluster.kubeconfig}"
         if args.host_processes:
             driver = Driver(cluster, log_level=args.log_level).start()
             logs = str(driver.workdir)
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
                     "ready_s": round(time.monotonic() - t0, 1),
                     "kubernetes": cluster.kube_version,
                     "kubeconfig": str(cluster.kubeconfig),
-                    "kubectl": str(kube_bin("kubectl")),
+                    "kubectl": str(cluster.bin("kubectl")),
                     "node": NODE,
                     "node_netns": args.netns,
                     "nics": [f"eth{i}" for i in range(1, args.nics + 1)],

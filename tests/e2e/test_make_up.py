@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from dev.cluster.containerd import CLAIMS_DIR
+from dev.cluster.kube import selected_kube_version
 from tests.e2e.conftest import Node
 from tests.support.kube import Kube, link, nic_name, on
 
@@ -150,7 +151,7 @@ def test_up_runs_the_demo_and_stops_cleanly(node: Node, tmp_path: Path) -> None:
         stopped = [json.loads(line) for line in lines if line.startswith('{"stopped"')]
         assert res.returncode == 0, tail
         assert ready and ready[0]["nics"] == ["eth1", "eth2"] and ready[0]["node_netns"] == netns, tail
-        assert ready[0]["kubernetes"] == "v1.34.4", ready
+        assert ready[0]["kubernetes"] == selected_kube_version(), ready
         assert demo and demo[0]["ok"] is True, json.dumps(demo, indent=1) + tail
         d = demo[0]
         assert d["interface"]["name"] == "net1" and d["interface"]["mtu"] == 1400

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from dev.cluster import containerd as ctrd
-from dev.cluster.kube import CONTAINER_LOGS, VAR_LIB_KUBELET, KubeCluster, kube_bin
+from dev.cluster.kube import CACHE, CONTAINER_LOGS, VAR_LIB_KUBELET, KubeCluster
 from tests.support.kube import Kube, nic_name
 
 pytestmark = [pytest.mark.root, pytest.mark.netns, pytest.mark.containerd, pytest.mark.cluster]
@@ -75,12 +75,16 @@ def links_into(state: Path) -> list[str]:
 
 
 def other_kubelets(mine: set[int]) -> list[int]:
-    """Kubelets of other clusters on this host (they may make /var/log/containers entries)."""
-    want = str(kube_bin("kubelet"))
+    """Kubelets of other clusters on this host, of any version (they may make
+    /var/log/containers entries)."""
+
+    def is_kubelet(path: str) -> bool:
+        return Path(path).name == "kubelet" and path.startswith(f"{CACHE}/")
+
     return [
         int(d.name)
         for d in Path("/proc").iterdir()
-        if d.name.isdigit() and int(d.name) not in mine and exe(int(d.name)) == want
+        if d.name.isdigit() and int(d.name) not in mine and is_kubelet(exe(int(d.name)))
     ]
 
 
@@ -103,7 +107,7 @@ def test_cluster_starts_runs_a_pod_and_leaves_nothing_behind() -> None:
         c.start()
         # Node Ready: the kubelet wrote its sysctls by now, into files of its own.
         kubelet_pid = c.procs["kubelet"].popen.pid  # type: ignore[union-attr]
-        assert exe(kubelet_pid) == str(kube_bin("kubelet"))
+        assert exe(kubelet_pid) == str(c.bin("kubelet"))
         assert host_sysctls() == sysctls_before
         kubelet_view = seen_by(kubelet_pid)
         for name, value in KUBELET_WANTS.items():
