@@ -42,6 +42,7 @@ from tests.fuzz.test_netconfig_fuzz import (
     WHERE,
     paths,
     prepare_pure,
+    put,
 )
 from tests.support.kube import Kube, eventually, link
 
@@ -105,16 +106,6 @@ def near_valid(rng: random.Random) -> Any:
         elif kind == "null":
             cfg = put(cfg, where, None)
     return cfg
-
-
-def put(root: Any, where: tuple[Any, ...], value: Any) -> Any:
-    if not where:
-        return value
-    node = root
-    for step in where[:-1]:
-        node = node[step]
-    node[where[-1]] = value
-    return root
 
 
 def cases(n: int, seed: int) -> list[Any]:
