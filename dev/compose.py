@@ -152,6 +152,8 @@ class Compose:
             "KUBELET_ROOT_DIR": str(c.kubelet_dir),
             "NRI_DIR": str(c.containerd.nri_socket.parent),
             "NETNS_DIR": NETNS_DIR,
+            # attach's rshared pin bind needs a shared mount: the kubelet's root dir is one here.
+            "NETNS_PIN_DIR": str(c.kubelet_dir / "dranet-netns-compose"),
             "INVENTORY_KUBECONFIG": str(self.dir / "inventory.kubeconfig"),
             "PREPARE_KUBECONFIG": str(self.dir / "prepare.kubeconfig"),
             "INVENTORY_FILTER": FILTER,

@@ -11,6 +11,12 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import settings
+
+# Properties are about results, never about time: hypothesis' default 200 ms deadline per
+# example fails on a loaded 2-core CI machine (the suite runs beside a whole cluster).
+settings.register_profile("dranet", deadline=None)
+settings.load_profile("dranet")
 
 # Reusable fixtures for the real container runtime (containerd, CRI, kubelet emulator).
 pytest_plugins = ["tests.fixtures_runtime", "tests.fixtures_cluster"]

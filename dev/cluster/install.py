@@ -63,6 +63,9 @@ class Installed:
                 # /var/run is a symlink to /run here, and / is a private mount: containerd checks
                 # the propagation of the path as written, and only /run/netns is a (shared) mount.
                 "netnsDir": "/run/netns",
+                # Bidirectional propagation needs a shared mount: the kubelet's root dir is one
+                # here (and the cluster's stop unmounts everything below it).
+                "netnsPinDir": str(self.cluster.kubelet_dir / "dranet-netns"),
             },
             "inventory": {"filter": FILTER, "cloudProviderHint": "NONE", "logLevel": "DEBUG"},
             "prepare": {"logLevel": "DEBUG"},

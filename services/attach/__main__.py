@@ -55,6 +55,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--drain-timeout", type=_positive, default=300.0, help="graceful stop: give up waiting after this"
     )
     p.add_argument(
+        "--netns-pin-dir",
+        default="",
+        help="pin each pod netns holding our devices here (bind mounts on a shared mount of the host), "
+        "so a pod stopping while attach is down keeps them until attach gives them back; '': no pins",
+    )
+    p.add_argument(
         "--dev-root",
         default="/",
         help="where the host's /dev is seen (RDMA device files are checked under it)",
@@ -85,7 +91,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
         make_engine(args.dev_root),
         stub_config,
         admin_socket=service.socket_path(run_dir, "attach"),
-        hook_config=HookConfig(stop_budget_s=min(1.0, args.hook_timeout * 0.7)),
+        hook_config=HookConfig(stop_budget_s=min(1.0, args.hook_timeout * 0.7), pin_dir=args.netns_pin_dir),
         drain=DrainConfig(quiet_s=args.drain_quiet, poll_s=args.drain_poll, timeout_s=args.drain_timeout),
     )
     log.info(

@@ -32,6 +32,7 @@ from proto.nri.v1alpha1 import nri_pb2
 from services.attach.engine import Attached, AttachFailed, Condition, DeviceEngine, Location, ReturnState
 from services.attach.nri.stub import NriHandlers, mark_failed, mark_noop
 from services.attach.nri.ttrpc import Code, TtrpcError
+from services.attach.pins import NetnsPins, Pin
 from services.attach.writer import StoreWriter
 from shared.logs import log_fields
 from shared.storeclient import StoreCallError, StoreClient
@@ -90,12 +91,16 @@ class HookConfig:
     # back takes longer (the work goes on): a pod's stop must never fail.
     # Keep it below the stub's handler deadline.
     stop_budget_s: float = 1.0
+    # Where pod netns holding our devices are pinned (pins.py); "": not pinned.
+    pin_dir: str = ""
 
 
 class PodTrack:
     """One pod as the hooks know it: the sandbox holding its devices and which."""
 
-    def __init__(self, uid: str, namespace: str, name: str, sandbox_id: str, netns: str) -> None:
+    def __init__(
+        self, uid: str, namespace: str, name: str, sandbox_id: str, netns: str, pins: NetnsPins | None = None
+    ) -> None:
         self.uid = uid
         self.namespace = namespace
         self.name = name
@@ -109,6 +114,8 @@ class PodTrack:
         # record for the claim status (the kubelet retries with a new sandbox).
         self.failed = False
         self._netns_fd: int | None = None
+        self.pins = pins or NetnsPins(None)
+        self._pin: str | None = None
 
     def hold_netns(self) -> None:
         """Keep a reference to the pod's netns while it holds our devices. The
@@ -117,22 +124,41 @@ class PodTrack:
         a physical one falls back to the host under its pod-side name. Our reference
         keeps the netns, and so the device, reachable until we moved it out: after a
         StopPodSandbox that needed longer than the runtime waits, or one we never
-        got (containerd 1.7 sends none for sandboxes from before its restart)."""
+        got (containerd 1.7 sends none for sandboxes from before its restart).
+        The pin (pins.py) does the same across a restart of attach itself."""
         if self._netns_fd is None and netns_exists(self.netns):
             with contextlib.suppress(OSError):
                 self._netns_fd = os.open(self.netns, os.O_RDONLY | os.O_CLOEXEC)
+        if self._pin is None and self._netns_fd is not None and self.pins.enabled:
+            try:
+                self._pin = self.pins.pin(self.uid, self.sandbox_id, f"/proc/self/fd/{self._netns_fd}")
+            except OSError as exc:
+                log.warning(
+                    "cannot pin the pod's netns: its devices depend on attach running when it stops",
+                    extra=log_fields(pod=self.ref, pod_uid=self.uid, error=str(exc)),
+                )
 
     def release_netns(self) -> None:
         if self._netns_fd is not None:
             os.close(self._netns_fd)
             self._netns_fd = None
+        if self.pins.enabled:
+            try:
+                self.pins.unpin(self.uid, self.sandbox_id)
+                self._pin = None
+            except OSError as exc:
+                log.warning("cannot remove a netns pin", extra=log_fields(pod=self.ref, error=str(exc)))
 
     @property
     def netns_ref(self) -> str:
         """A path to the pod's netns for the engine: the runtime's, or ours once the
         runtime removed its own."""
-        if self._netns_fd is not None and not netns_exists(self.netns):
-            return f"/proc/{os.getpid()}/fd/{self._netns_fd}"
+        if not netns_exists(self.netns):
+            if self._netns_fd is not None:
+                return f"/proc/{os.getpid()}/fd/{self._netns_fd}"
+            pinned = self.pins.get(self.uid, self.sandbox_id) if self.pins.enabled else None
+            if pinned:
+                return pinned
         return self.netns
 
     @property
@@ -145,8 +171,8 @@ class PodTrack:
         return f"{self.namespace}/{self.name}"
 
     @classmethod
-    def of(cls, pod: nri_pb2.PodSandbox) -> PodTrack:
-        return cls(pod.uid, pod.namespace, pod.name, pod.id, pod_netns(pod))
+    def of(cls, pod: nri_pb2.PodSandbox, pins: NetnsPins | None = None) -> PodTrack:
+        return cls(pod.uid, pod.namespace, pod.name, pod.id, pod_netns(pod), pins)
 
 
 class _KeyedLocks:
@@ -200,6 +226,7 @@ class AttachHooks(NriHandlers):
         self._recovered.set()
         self._recovery: asyncio.Task[None] | None = None
         self.recovery = RecoveryReport()
+        self.pins = NetnsPins(self.config.pin_dir or None)
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -343,7 +370,7 @@ class AttachHooks(NriHandlers):
         if earlier is not None and earlier.attached:
             return  # an earlier sandbox still holds devices: keep its books
         self._drop(pod.uid)
-        track = self.pods[pod.uid] = PodTrack.of(pod)
+        track = self.pods[pod.uid] = PodTrack.of(pod, self.pins)
         track.failed = True
 
     def _drop(self, uid: str) -> None:
@@ -418,7 +445,7 @@ class AttachHooks(NriHandlers):
                 self._drop(uid)
                 track = None
             if track is None:
-                track = PodTrack.of(pod)
+                track = PodTrack.of(pod, self.pins)
                 self.pods[uid] = track
             track.netns = netns
             track.configs = {c.device: c for c in configs}
@@ -529,7 +556,7 @@ class AttachHooks(NriHandlers):
                 extra={**self._fields(pod), "error": str(exc)},
             )
             return None
-        track = PodTrack.of(pod)
+        track = PodTrack.of(pod, self.pins)
         track.configs = {d.device: d for d in state.devices if not d.provisional}
         for r in state.results:
             if r.attached:
@@ -706,7 +733,8 @@ class AttachHooks(NriHandlers):
             for r in listing.results:
                 results.setdefault(r.pod_uid, {})[r.device] = r
             active = {a.pod_uid for a in listing.activities if a.last_nri_activity_unix_nano}
-            for uid in sorted(set(configs) | set(results) | set(self.pods) | active):
+            pinned = {p.pod_uid for p in self.pins.all()}
+            for uid in sorted(set(configs) | set(results) | set(self.pods) | active | pinned):
                 async with self._locks.hold(uid):
                     if uid in live:
                         await self._recover_live(
@@ -745,13 +773,28 @@ class AttachHooks(NriHandlers):
     ) -> None:
         netns = pod_netns(pod)
         track = self.pods.get(pod.uid)
+        await self._return_pinned(
+            pod.uid,
+            track.ref if track is not None else pod_ref(pod),
+            [
+                p
+                for p in self.pins.of_pod(pod.uid)
+                if p.sandbox_id != pod.id and (track is None or p.sandbox_id != track.sandbox_id)
+            ],
+            {
+                d: Held(next((c for c in configs if c.device == d), r), r.hardware_address)
+                for d, r in results.items()
+                if r.attached
+            },
+            report,
+        )
         if track is not None and track.sandbox_id != pod.id:
             if track.attached:
                 await self._give_back(track, f"the pod's live sandbox is {pod.id[:13]}")
             self._drop(pod.uid)
             track = None
         if track is None:
-            track = PodTrack.of(pod)
+            track = PodTrack.of(pod, self.pins)
             self.pods[pod.uid] = track
         track.netns = netns
         track.configs = {c.device: c for c in configs}
@@ -813,7 +856,10 @@ class AttachHooks(NriHandlers):
         report: RecoveryReport,
     ) -> None:
         track = self.pods.pop(uid, None)
+        pins = self.pins.of_pod(uid)
         if track is None and not results and not active:
+            for p in pins:  # nothing of ours on record in it
+                self._unpin(p, report)
             report.counts["not_started"] += 1
             return  # prepared, not started yet: nothing of ours to undo
         by_device = {c.device: c for c in configs}
@@ -827,14 +873,19 @@ class AttachHooks(NriHandlers):
             # RunPodSandbox ran for this pod: a device may be out without a record.
             for d, c in by_device.items():
                 suspects.setdefault(d, Held(c))
-        # Our reference keeps a removed netns, and the devices in it, reachable.
-        netns = track.netns_ref if track is not None else ""
+        # Our reference keeps a removed netns, and the devices in it, reachable; after a restart
+        # of attach, its pins do.
+        places = [track.netns_ref] if track is not None else [p.path for p in pins] or [""]
+        netns = places[0]
         pod = track.ref if track is not None else pod_name(configs, uid)
         failed = False
         for device, held in sorted(suspects.items()):
             fields = log_fields(pod=pod, pod_uid=uid, device=device, ifname=held.host_ifname)
             try:
-                state = await self._detach_one(held, netns)
+                for netns in places:
+                    state = await self._detach_one(held, netns)
+                    if state != ReturnState.GONE:
+                        break
             except Exception as exc:
                 log.error("could not give back a device of a gone pod", extra={**fields, "error": str(exc)})
                 report.counts["return_failed"] += 1
@@ -850,10 +901,49 @@ class AttachHooks(NriHandlers):
         if failed and track is not None:
             self.pods[uid] = track  # keep the books (and the netns): the next recovery retries
             return
+        if failed:
+            return  # the pins stay: the next recovery retries through them
         if track is not None:
             track.release_netns()
+        for p in pins:
+            self._unpin(p, report)
         self.writer.clear(uid)
         report.counts["cleared"] += 1
+
+    def _unpin(self, pin: Pin, report: RecoveryReport) -> None:
+        try:
+            self.pins.unpin(pin.pod_uid, pin.sandbox_id)
+            report.counts["unpinned"] += 1
+        except OSError as exc:
+            log.warning("cannot remove a netns pin", extra=log_fields(pod_uid=pin.pod_uid, error=str(exc)))
+
+    async def _return_pinned(
+        self, uid: str, pod: str, pins: list[Pin], suspects: dict[str, Held], report: RecoveryReport
+    ) -> None:
+        """Devices still in an earlier sandbox of a live pod, which only our pin keeps (the
+        sandbox was rebuilt while attach was away: a node reboot, the runtime's restart): back to
+        the host, so that the pod's live sandbox can get them."""
+        for pin in pins:
+            ok = True
+            for device, held in sorted(suspects.items()):
+                fields = log_fields(pod=pod, pod_uid=uid, device=device, netns=pin.path)
+                try:
+                    where = await self.engine.locate(held.source, pin.path, mac=held.mac)
+                    if where != Location.POD:
+                        continue
+                    state = await self._detach_one(held, pin.path)
+                except Exception as exc:
+                    log.error(
+                        "could not give back a device from an earlier sandbox of a pod",
+                        extra={**fields, "error": str(exc)},
+                    )
+                    report.counts["return_failed"] += 1
+                    ok = False
+                    continue
+                log.info(f"device given back from an earlier sandbox of the pod ({state})", extra=fields)
+                report.counts["returned_from_pin"] += 1
+            if ok:
+                self._unpin(pin, report)
 
 
 def ready_conditions(cfg: st.DeviceConfig) -> tuple[Condition, ...]:

@@ -3,7 +3,11 @@
 injected, round-robin in a random order, at random moments; the invariants are checked throughout
 and at the end.
 
-    .venv/bin/python tests/bench/soak.py [--pods 220] [--nics 4] [--seed N]
+    .venv/bin/python tests/bench/soak.py [--pods 220] [--nics 4] [--minutes 60] [--seed N]
+
+``--minutes`` is a time budget: no new Pod after it (once every fault kind happened), so the
+run ends with its report; ``pods`` then says how many ran. The services' logs are kept in a
+directory named on stderr.
 
 The baseline in the same run is the same churn's first 20 Pods with no faults at all
 (``pod_start_p99_ms_no_faults``). Last line: one JSON object with ``pods``, ``faults``,
@@ -18,6 +22,7 @@ import argparse
 import asyncio
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -51,8 +56,16 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         k = Kube(c, "soak")
         await asyncio.to_thread(k.create_namespace)
         t0 = time.monotonic()
-        churn = Churn(c, inst, k, pods=args.pods, nics=args.nics, fault_gap_s=(3.0, 8.0), seed=args.seed)
-        report = await churn.run()
+        churn = Churn(
+            c, inst, k, pods=args.pods, nics=args.nics, fault_gap_s=(3.0, 8.0), seed=args.seed,
+            minutes=args.minutes,
+        )  # fmt: skip
+        try:
+            report = await churn.run()
+        finally:
+            logs = Path(tempfile.mkdtemp(prefix="dranet-soak-logs-"))
+            churn.logs.dump(logs)
+            say(f"the services' logs: {logs}")
         await asyncio.to_thread(k.delete_namespace)
         await churn.cleanup()
         out = report.summary()
@@ -60,6 +73,8 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         out["pod_start_p99_ms_no_faults"] = base_report.p99_ms()
         out["violations"] = report.violations[:20] + base_report.violations[:5]
         out["unexplained_error_lines"] = report.unexplained[:10]
+        out["attached_late"] = churn.late[:20]
+        out["seed"] = args.seed
     finally:
         await asyncio.to_thread(c.delete_pods, 90.0, (NAMESPACE,))
         await asyncio.to_thread(inst.uninstall)
@@ -71,5 +86,6 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--pods", type=int, default=220)
     p.add_argument("--nics", type=int, default=4)
+    p.add_argument("--minutes", type=float, default=None, help="time budget for the faulted churn")
     p.add_argument("--seed", type=int, default=int(time.time()))
     print(json.dumps(asyncio.run(main(p.parse_args()))))

@@ -78,11 +78,19 @@ class Report:
     pods_ran: int = 0
     pods_started_without_devices: int = 0
     pods_misconfigured: int = 0
+    # Running before attach gave them their device, which came within ``late_grace_s``: a
+    # sandbox the runtime (re)built while attach was down (NRI does not wait for a plugin that
+    # is not connected); attach's recovery adds the device ("attaching it now").
+    pods_attached_late: int = 0
+    late_after: Counter[str] = field(default_factory=Counter)
     lost_configs: int = 0
     leaked_devices: int = 0
     leftover_links: int = 0
     stuck_terminating: int = 0
     stale_store_records: int = 0
+    # Running Pods whose netns attach did not pin; pins left at the end (a netns kept alive).
+    unpinned: int = 0
+    leftover_pins: int = 0
     error_log_lines: int = 0
     explained_error_lines: int = 0
     faults: Counter[str] = field(default_factory=Counter)
@@ -105,8 +113,12 @@ class Report:
             "lost_configs": self.lost_configs,
             "pods_started_without_devices": self.pods_started_without_devices,
             "pods_misconfigured": self.pods_misconfigured,
+            "pods_attached_late": self.pods_attached_late,
+            "late_after_fault": dict(sorted(self.late_after.items())),
             "stuck_terminating": self.stuck_terminating,
             "stale_store_records": self.stale_store_records,
+            "unpinned": self.unpinned,
+            "leftover_pins": self.leftover_pins,
             "leftover_links": self.leftover_links,
             "error_log_lines": self.error_log_lines,
             "explained_error_lines": self.explained_error_lines,
@@ -128,6 +140,24 @@ class LogReader:
                 data = f.read_bytes()
                 if len(data) >= len(self.seen.get(f, b"")):
                     self.seen[f] = data
+
+    def all_lines(self) -> list[tuple[float, str]]:
+        """(unix time, record) of every JSON record read so far."""
+        out = []
+        for data in self.seen.values():
+            for raw in data.decode(errors="replace").splitlines():
+                parts = raw.split(" ", 3)
+                text = parts[3] if len(parts) == 4 else raw
+                with contextlib.suppress(ValueError, AttributeError):
+                    out.append((_ts(json.loads(text).get("ts", "")), text))
+        return sorted(out)
+
+    def dump(self, to: Path) -> None:
+        """Every log file read, as the kubelet wrote it, below ``to`` (kept after the run)."""
+        for f, data in self.seen.items():
+            dest = to / f.relative_to(self.dir)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(data)
 
     def errors(self) -> list[tuple[float, str]]:
         """(unix time, line) of every ERROR line or traceback."""
@@ -200,6 +230,8 @@ class Churn:
         faults: tuple[str, ...] = FAULTS,
         seed: int | None = None,
         fault_grace_s: float = 45.0,
+        minutes: float | None = None,
+        late_grace_s: float = 90.0,
     ) -> None:
         self.c, self.inst, self.k = cluster, installed, kube
         self.pods, self.nics_n = pods, nics
@@ -207,6 +239,10 @@ class Churn:
         self.fault_kinds = faults
         self.rng = random.Random(seed)
         self.fault_grace_s = fault_grace_s
+        self.late_grace_s = late_grace_s
+        # A time budget: no new Pod after it (once every fault kind happened), so a long run
+        # ends on time with its report instead of being killed.
+        self.until = time.monotonic() + minutes * 60 if minutes else None
         self.report = Report()
         self.logs = LogReader(cluster)
         self.fault_times: list[tuple[float, float, str]] = []  # (start, end) unix time, kind
@@ -214,6 +250,11 @@ class Churn:
         self.links_before: set[str] = set()
         self._next = 0
         self._done = asyncio.Event()
+        self.active_fault: str | None = None
+        self.late: list[tuple[str, str, str]] = []  # (pod, what was seen first, last fault)
+        self.nic_losses: list[str] = []
+        pins = (installed.values.get("hostPaths") or {}).get("netnsPinDir")
+        self.pin_dir = Path(pins) if pins else None
 
     # -- API calls that ride out the API server's outage ------------------------------------------
 
@@ -250,12 +291,36 @@ class Churn:
         dc = await asyncio.to_thread(self.k.device_class, f"churn{slot}", sel)
         # At least ``pods`` Pods, and on until every fault kind happened once.
         while self._next < self.pods or not set(self.fault_kinds) <= set(self.report.faults):
+            if (
+                self.until is not None
+                and time.monotonic() > self.until
+                and set(self.fault_kinds) <= set(self.report.faults)
+            ):
+                return
             i = self._next
             self._next += 1
             await self.one(i, nic, dc, slot)
 
+    async def _nic_home(self, nic: str, within_s: float) -> bool:
+        deadline = time.monotonic() + within_s
+        while await asyncio.to_thread(link, self.c.netns, nic) is None:
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(1.0)
+        return True
+
     async def one(self, i: int, nic: str, dc: str, slot: int) -> None:
         name = f"churn-{i}"
+        # The last Pod of this lane is gone: its NIC is home, or on its way (attach gives back
+        # what a Pod stopped while it was down held once it is back).
+        if not await self._nic_home(nic, 180):
+            self.report.leaked_devices += 1
+            said = [line[:300] for _, line in self.logs.all_lines() if nic in line][-5:]
+            self.report.violations.append(f"{nic}: not back on the node before {name}; logs: {said}")
+            self.nic_losses.append(nic)
+            # Put a new one in its place, so the lane goes on (and the run finds more).
+            await asyncio.to_thread(self.c.net.add_nic, nic)
+            await self.k.wait_published(nic, within=60)
         address = f"10.{200 + slot}.{i % 250}.2/24"
         spec = self.k.claim_spec(
             dc, configs=[{"parameters": {"interface": {"name": "net1", "mtu": MTU, "addresses": [address]}}}]
@@ -318,18 +383,38 @@ class Churn:
         except AssertionError as exc:  # stopped again in between (a fault): nothing ran without it
             self.report.violations.append(f"{name}: Running but no ready sandbox: {exc}")
             return
-        dev = await asyncio.to_thread(link, netns, "net1")
-        if dev is None:
-            self.report.pods_started_without_devices += 1
-            self.report.violations.append(f"{name}: Running without net1")
-            return
-        addrs = await asyncio.to_thread(addresses, netns, "net1")
-        if dev.get("mtu") != MTU or address not in addrs:
-            self.report.pods_misconfigured += 1
-            self.report.violations.append(
-                f"{name}: net1 mtu {dev.get('mtu')} addresses {addrs}, asked {MTU} {address}"
-            )
+        dev, addrs = await self._net1(netns)
+        if dev is None or not self._configured(dev, addrs, address):
+            # Only a sandbox built while attach was away may run without its device, and only
+            # until attach's recovery adds it: wait for that, then it must be as asked.
+            seen = "no net1" if dev is None else f"net1 mtu {dev.get('mtu')} addresses {addrs}"
+            deadline = time.monotonic() + self.late_grace_s
+            while time.monotonic() < deadline and (dev is None or not self._configured(dev, addrs, address)):
+                await asyncio.sleep(1.0)
+                try:
+                    dev, addrs = await self._net1(netns)
+                except Exception:  # the sandbox went (a fault): nothing runs there any more
+                    return
+            fault = self._last_fault()
+            if dev is None:
+                self.report.pods_started_without_devices += 1
+                self.report.violations.append(
+                    f"{name}: Running without net1 for {self.late_grace_s:.0f}s (last fault: {fault})"
+                )
+                return
+            if not self._configured(dev, addrs, address):
+                self.report.pods_misconfigured += 1
+                self.report.violations.append(
+                    f"{name}: net1 mtu {dev.get('mtu')} addresses {addrs}, asked {MTU} {address}"
+                )
+            else:
+                self.report.pods_attached_late += 1
+                self.report.late_after[fault] += 1
+                self.late.append((name, seen, fault))
         uid = pod["metadata"]["uid"]
+        if self.pin_dir is not None and not await asyncio.to_thread(self._pinned, uid):
+            self.report.unpinned += 1
+            self.report.violations.append(f"{name}: its netns is not pinned in {self.pin_dir}")
         for _ in range(120):  # the store may be restarting right now (a fault)
             try:
                 async with StoreClient(self.inst.node_dir / "run" / "store.sock") as store:
@@ -341,6 +426,29 @@ class Churn:
             except Exception:
                 await asyncio.sleep(0.5)
         self.report.violations.append(f"{name}: the store did not answer for 60s")
+
+    def _pinned(self, uid: str) -> bool:
+        """attach's pin of the Pod's netns is on the host (pins.py: it outlives attach)."""
+        assert self.pin_dir is not None
+        return any(
+            f.name.startswith(uid + "_") and f.stat().st_dev != self.pin_dir.stat().st_dev
+            for f in self.pin_dir.iterdir()
+        )
+
+    async def _net1(self, netns: str) -> tuple[dict[str, Any] | None, list[str]]:
+        dev = await asyncio.to_thread(link, netns, "net1")
+        return dev, (await asyncio.to_thread(addresses, netns, "net1") if dev is not None else [])
+
+    @staticmethod
+    def _configured(dev: dict[str, Any], addrs: list[str], address: str) -> bool:
+        return dev.get("mtu") == MTU and address in addrs
+
+    def _last_fault(self) -> str:
+        now = time.time()
+        if self.active_fault is not None:
+            return self.active_fault
+        recent = [kind for start, end, kind in self.fault_times if start <= now <= end + self.fault_grace_s]
+        return recent[-1] if recent else "none"
 
     # -- faults ---------------------------------------------------------------------------------------
 
@@ -402,14 +510,18 @@ class Churn:
             kind = order[n % len(order)]
             start = time.time()
             before = self.report.faults[kind]
-            await asyncio.to_thread(self.inject, kind)
-            if self.report.faults[kind] > before:
-                n += 1
-                # The next fault once the node recovered from this one: faults closer together
-                # only measure the kubelet's restart back-off (CrashLoopBackOff grows to 5 min).
-                with contextlib.suppress(Exception):
-                    await asyncio.to_thread(self.inst.wait_ready, 300)
-                self.fault_times.append((start, time.time(), kind))
+            self.active_fault = kind
+            try:
+                await asyncio.to_thread(self.inject, kind)
+                if self.report.faults[kind] > before:
+                    n += 1
+                    # The next fault once the node recovered from this one: faults closer together
+                    # only measure the kubelet's restart back-off (CrashLoopBackOff grows to 5 min).
+                    with contextlib.suppress(Exception):
+                        await asyncio.to_thread(self.inst.wait_ready, 300)
+                    self.fault_times.append((start, time.time(), kind))
+            finally:
+                self.active_fault = None
 
     async def log_poller(self) -> None:
         while not self._done.is_set():
@@ -462,6 +574,16 @@ class Churn:
                 break
             await asyncio.sleep(1)
         r.stale_store_records = len(stale)
+        if self.pin_dir is not None:
+            left: list[str] = []
+            for _ in range(30):
+                left = sorted(f.name for f in self.pin_dir.iterdir())
+                if not left:
+                    break
+                await asyncio.sleep(1)
+            r.leftover_pins = len(left)
+            if left:
+                r.violations.append(f"netns pins left on the node: {left[:5]}")
         if stale:
             r.violations.append(f"store records of pods that are gone: {stale[:5]}")
         r.explained, r.unexplained = classify(self.logs.errors(), self.fault_times, self.fault_grace_s)
