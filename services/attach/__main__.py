@@ -70,9 +70,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def make_engine(dev_root: str) -> DeviceEngine:
     # Imported here: the engine opens the host netns at construction.
-    from services.attach.enginebridge import NetdevBridge
+    from services.attach.netdev import NetdevEngine
 
-    return NetdevBridge(dev_root=dev_root)
+    return NetdevEngine(dev_root=dev_root)
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:

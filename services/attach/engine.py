@@ -1,10 +1,11 @@
 """What the NRI hooks need from the netlink engine, and what they get back.
 
 The hooks (hooks.py) decide *when* a device moves and keep the books (store,
-liveness, which sandbox holds which device); the engine (netdev.py, rdma.py,
-netns.py, planned by shared/attachplan.py) does the netlink work. This module is
-the seam between the two, so the hooks can be read, and tested, without a
-kernel in mind; enginebridge.py fits the engine to it.
+liveness, which sandbox holds which device); the engine (netdev.py, with
+netdev_steps.py, rdma.py and netns.py, planned by shared/attachplan.py) does the
+netlink work. This module is the seam between the two, so the hooks can be read,
+and tested, without a kernel in mind: netdev.NetdevEngine implements DeviceEngine
+itself, and the hooks' tests put a stand-in in its place.
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from proto.dranet.store.v1 import store_pb2 as st
-from proto.nri.v1alpha1 import nri_pb2
-from shared.attachplan import Condition, ReturnState
+from shared.attachplan import Condition, DeviceNode, ReturnState
 
 __all__ = ["AttachFailed", "Attached", "Condition", "DetachFailed", "DeviceEngine", "Location", "ReturnState"]
 
@@ -44,7 +44,7 @@ class DetachFailed(Exception):
 
 
 class Location(StrEnum):
-    """Where a device is."""
+    """Where a device is (DeviceEngine.locate)."""
 
     POD = "pod"  # in the pod's netns
     HOST = "host"  # in the host's netns
@@ -75,6 +75,7 @@ class DeviceEngine(Protocol):
         """Where the device is now, without changing anything."""
         ...
 
-    def container_devices(self, configs: Sequence[st.DeviceConfig]) -> list[nri_pb2.LinuxDevice]:
-        """The RDMA device files every container of the pod gets."""
+    def container_devices(self, configs: Sequence[st.DeviceConfig]) -> Sequence[DeviceNode]:
+        """The RDMA device files every container of the pod gets, as they are on
+        this host now (a file that went away since prepare is left out)."""
         ...

@@ -4,9 +4,10 @@ it, back to the host when it stops, and recovery after every (re)connect.
 What a pod gets comes from the store (prepare's DeviceConfigs); where it goes
 comes from the runtime (the netns path of the event, or of Synchronize; never
 stored). In memory we keep, per pod UID, the sandbox that holds its devices,
-that sandbox's netns and which devices are in it, so that the runtime's
-retries, a pod's second sandbox, and a late RemovePodSandbox of an old sandbox
-each do the right thing.
+that sandbox's netns and which devices are in it (books.py, with the records
+written for them), so that the runtime's retries, a pod's second sandbox, and a
+late RemovePodSandbox of an old sandbox each do the right thing. The netlink work
+is the engine's (engine.DeviceEngine: netdev.NetdevEngine).
 
 Hooks of one pod run one at a time (a lock per pod), and the netlink work on
 one device too (a lock per device), so a device handed from a stopping pod to
@@ -20,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Coroutine, Sequence
@@ -29,11 +29,23 @@ from typing import Any, NoReturn, TypeVar
 
 from proto.dranet.store.v1 import store_pb2 as st
 from proto.nri.v1alpha1 import nri_pb2
-from services.attach.engine import Attached, AttachFailed, Condition, DeviceEngine, Location, ReturnState
+from services.attach.books import (
+    Held,
+    PodTrack,
+    Records,
+    Source,
+    lost_message,
+    netns_exists,
+    pod_name,
+    pod_netns,
+    pod_ref,
+)
+from services.attach.engine import Attached, AttachFailed, DeviceEngine, Location, ReturnState
 from services.attach.nri.stub import NriHandlers, mark_failed, mark_noop
 from services.attach.nri.ttrpc import Code, TtrpcError
 from services.attach.pins import NetnsPins, Pin
 from services.attach.writer import StoreWriter
+from shared.attachplan import DeviceNode
 from shared.logs import log_fields
 from shared.storeclient import StoreCallError, StoreClient
 
@@ -44,44 +56,17 @@ T = TypeVar("T")
 DRIVER = "dra.net"
 
 
-def pod_netns(pod: nri_pb2.PodSandbox) -> str:
-    """The pod's network namespace path; '' for a host-network pod."""
-    return next((n.path for n in pod.linux.namespaces if n.type == "network"), "")
-
-
-def netns_exists(path: str) -> bool:
-    """The runtime bind-mounts a pod's netns at its path and removes it when the
-    sandbox stops, so the file says whether the netns is still there."""
-    return bool(path) and os.path.exists(path)
-
-
-def pod_ref(pod: nri_pb2.PodSandbox) -> str:
-    return f"{pod.namespace}/{pod.name}"
-
-
-Source = st.DeviceConfig | st.AttachResult
-
-
-@dataclass(frozen=True)
-class Held:
-    """A device a sandbox holds: the config it was attached by, or (once prepare
-    removed the config: NodeUnprepare can come before RemovePodSandbox) its
-    attach result, and the MAC it has in the pod, to find it by."""
-
-    source: Source
-    mac: str = ""
-
-    @property
-    def device(self) -> str:
-        return self.source.device
-
-    @property
-    def host_ifname(self) -> str:
-        return self.source.host_ifname
-
-    @property
-    def config(self) -> st.DeviceConfig | None:
-        return self.source if isinstance(self.source, st.DeviceConfig) else None
+def linux_device(node: DeviceNode) -> nri_pb2.LinuxDevice:
+    """An NRI LinuxDevice (what the runtime adds to the container) for ``node``."""
+    dev = nri_pb2.LinuxDevice(path=node.path, type=node.type, major=node.major, minor=node.minor)
+    # NRI's file_mode is a Go os.FileMode: permission bits only.
+    if node.file_mode is not None:
+        dev.file_mode.value = node.file_mode & 0o7777
+    if node.uid is not None:
+        dev.uid.value = node.uid
+    if node.gid is not None:
+        dev.gid.value = node.gid
+    return dev
 
 
 @dataclass(frozen=True)
@@ -93,86 +78,6 @@ class HookConfig:
     stop_budget_s: float = 1.0
     # Where pod netns holding our devices are pinned (pins.py); "": not pinned.
     pin_dir: str = ""
-
-
-class PodTrack:
-    """One pod as the hooks know it: the sandbox holding its devices and which."""
-
-    def __init__(
-        self, uid: str, namespace: str, name: str, sandbox_id: str, netns: str, pins: NetnsPins | None = None
-    ) -> None:
-        self.uid = uid
-        self.namespace = namespace
-        self.name = name
-        self.sandbox_id = sandbox_id
-        self.netns = netns
-        # The pod's non-provisional configs as last read, by device name.
-        self.configs: dict[str, st.DeviceConfig] = {}
-        # Devices this sandbox holds now.
-        self.attached: dict[str, Held] = {}
-        # RunPodSandbox failed for this sandbox: its removal keeps the error on
-        # record for the claim status (the kubelet retries with a new sandbox).
-        self.failed = False
-        self._netns_fd: int | None = None
-        self.pins = pins or NetnsPins(None)
-        self._pin: str | None = None
-
-    def hold_netns(self) -> None:
-        """Keep a reference to the pod's netns while it holds our devices. The
-        runtime removes the netns path when the sandbox stops, and without another
-        reference the kernel then destroys the netns: a virtual device dies with it,
-        a physical one falls back to the host under its pod-side name. Our reference
-        keeps the netns, and so the device, reachable until we moved it out: after a
-        StopPodSandbox that needed longer than the runtime waits, or one we never
-        got (containerd 1.7 sends none for sandboxes from before its restart).
-        The pin (pins.py) does the same across a restart of attach itself."""
-        if self._netns_fd is None and netns_exists(self.netns):
-            with contextlib.suppress(OSError):
-                self._netns_fd = os.open(self.netns, os.O_RDONLY | os.O_CLOEXEC)
-        if self._pin is None and self._netns_fd is not None and self.pins.enabled:
-            try:
-                self._pin = self.pins.pin(self.uid, self.sandbox_id, f"/proc/self/fd/{self._netns_fd}")
-            except OSError as exc:
-                log.warning(
-                    "cannot pin the pod's netns: its devices depend on attach running when it stops",
-                    extra=log_fields(pod=self.ref, pod_uid=self.uid, error=str(exc)),
-                )
-
-    def release_netns(self) -> None:
-        if self._netns_fd is not None:
-            os.close(self._netns_fd)
-            self._netns_fd = None
-        if self.pins.enabled:
-            try:
-                self.pins.unpin(self.uid, self.sandbox_id)
-                self._pin = None
-            except OSError as exc:
-                log.warning("cannot remove a netns pin", extra=log_fields(pod=self.ref, error=str(exc)))
-
-    @property
-    def netns_ref(self) -> str:
-        """A path to the pod's netns for the engine: the runtime's, or ours once the
-        runtime removed its own."""
-        if not netns_exists(self.netns):
-            if self._netns_fd is not None:
-                return f"/proc/{os.getpid()}/fd/{self._netns_fd}"
-            pinned = self.pins.get(self.uid, self.sandbox_id) if self.pins.enabled else None
-            if pinned:
-                return pinned
-        return self.netns
-
-    @property
-    def orphaned(self) -> bool:
-        """Devices still inside a netns the runtime has already removed."""
-        return bool(self.attached) and self._netns_fd is not None and not netns_exists(self.netns)
-
-    @property
-    def ref(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-    @classmethod
-    def of(cls, pod: nri_pb2.PodSandbox, pins: NetnsPins | None = None) -> PodTrack:
-        return cls(pod.uid, pod.namespace, pod.name, pod.id, pod_netns(pod), pins)
 
 
 class _KeyedLocks:
@@ -219,6 +124,7 @@ class AttachHooks(NriHandlers):
         self.engine = engine
         self.writer = writer
         self.config = config or HookConfig()
+        self.records = Records(self.config.driver)
         self.pods: dict[str, PodTrack] = {}
         self._locks = _KeyedLocks()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -270,55 +176,6 @@ class AttachHooks(NriHandlers):
             )
         )
 
-    def _base_result(self, src: Source) -> st.AttachResult:
-        return st.AttachResult(
-            pod_uid=src.pod.uid if isinstance(src, st.DeviceConfig) else src.pod_uid,
-            device=src.device,
-            claim=src.claim,
-            pool=src.pool,
-            driver=src.driver or self.config.driver,
-            host_ifname=src.host_ifname,
-        )
-
-    def _attached_result(self, cfg: st.DeviceConfig, done: Attached) -> st.AttachResult:
-        r = self._base_result(cfg)
-        r.attached = True
-        r.interface_name = done.interface_name
-        r.ips.extend(done.ips)
-        r.hardware_address = done.hardware_address
-        now = int(time.time())
-        for c in done.conditions or ready_conditions(cfg):
-            r.conditions.add(
-                type=c.type, status=c.status, reason=c.reason, message=c.message, last_transition_unix=now
-            )
-        return r
-
-    def _failed_result(self, src: Source, error: str, held: Held | None = None) -> st.AttachResult:
-        """An error for the claim status. ``held``: the device is still in the pod."""
-        r = self._base_result(src)
-        if held is not None and isinstance(held.source, st.AttachResult):
-            r.CopyFrom(held.source)
-        r.attached = held is not None
-        r.error = error
-        r.ClearField("conditions")
-        reason = "NetworkDeviceAttachFailed" if src.host_ifname else "RDMADeviceAttachFailed"
-        if held is not None:
-            reason = "NetworkDeviceReturnFailed"
-        r.conditions.add(
-            type="Ready",
-            status="False",
-            reason=reason,
-            message=error[:1024],
-            last_transition_unix=int(time.time()),
-        )
-        return r
-
-    def _returned_result(self, src: Source, note: str = "") -> st.AttachResult:
-        r = self._base_result(src)
-        r.attached = False
-        r.error = note
-        return r
-
     async def _read_pod(self, pod: nri_pb2.PodSandbox, what: str) -> st.PodState:
         try:
             return await self.store.get_pod(pod.uid)
@@ -350,16 +207,16 @@ class AttachHooks(NriHandlers):
                     f"was not returned to the host: {exc}"
                 )
                 log.error(msg, extra=fields)
-                self.writer.put_result(self._failed_result(held.source, msg, held=held))
+                self.writer.put_result(self.records.failed(held.source, msg, held=held))
                 continue
             del track.attached[device]
             if state == ReturnState.GONE:
                 msg = lost_message(held, track.ref, track.netns)
                 log.error(msg, extra=fields)
-                self.writer.put_result(self._returned_result(held.source, msg))
+                self.writer.put_result(self.records.returned(held.source, msg))
                 continue
             log.info(f"device given back to the host ({state})", extra=fields)
-            self.writer.put_result(self._returned_result(held.source, note))
+            self.writer.put_result(self.records.returned(held.source, note))
         if not track.attached:
             track.release_netns()
 
@@ -426,7 +283,7 @@ class AttachHooks(NriHandlers):
                 msg = f"RunPodSandbox pod {pod_ref(pod)} using host network can not claim host devices"
                 log.error(msg, extra=self._fields(pod))
                 for cfg in configs:
-                    self.writer.put_result(self._failed_result(cfg, msg))
+                    self.writer.put_result(self.records.failed(cfg, msg))
                 self._mark_failed(pod)
                 raise TtrpcError(Code.UNKNOWN, msg)
 
@@ -468,7 +325,7 @@ class AttachHooks(NriHandlers):
                         await self._detach_one(Held(cfg), netns)
                     await self._fail_run(track, cfg, f"device {cfg.device}: {exc}", fields)
                 track.attached[cfg.device] = Held(cfg, done.hardware_address)
-                self.writer.put_result(self._attached_result(cfg, done))
+                self.writer.put_result(self.records.attached(cfg, done))
                 log.info(
                     "device attached",
                     extra={
@@ -482,7 +339,7 @@ class AttachHooks(NriHandlers):
     async def _fail_run(self, track: PodTrack, cfg: st.DeviceConfig, error: str, fields: Any) -> NoReturn:
         msg = f"dra.net RunPodSandbox pod {track.ref}: {error}"
         log.error(msg, extra=fields)
-        self.writer.put_result(self._failed_result(cfg, error))
+        self.writer.put_result(self.records.failed(cfg, error))
         # All or nothing: the runtime tears this sandbox down and the kubelet retries.
         await self._give_back(track, "RunPodSandbox failed", note=f"rolled back: device {cfg.device} failed")
         track.failed = True
@@ -510,7 +367,7 @@ class AttachHooks(NriHandlers):
             mark_noop()
             return None
         self.writer.touch(pod.uid)
-        devices = self.engine.container_devices(configs)
+        devices = [linux_device(n) for n in self.engine.container_devices(configs)]
         if not devices:
             return None
         adjust = nri_pb2.ContainerAdjustment()
@@ -762,7 +619,7 @@ class AttachHooks(NriHandlers):
         report.counts["lost"] += 1
         log.error(msg, extra=log_fields(pod=pod, pod_uid=uid, device=held.device, ifname=held.host_ifname))
         if live:
-            self.writer.put_result(self._failed_result(held.source, msg))
+            self.writer.put_result(self.records.failed(held.source, msg))
 
     async def _recover_live(
         self,
@@ -813,14 +670,15 @@ class AttachHooks(NriHandlers):
                     "cannot check a device recorded in a live pod", extra={**fields, "error": str(exc)}
                 )
                 where = Location.POD
-            if where == Location.POD:
-                track.attached[d] = held
-                report.counts["kept"] += 1
-            elif where == Location.MISSING:
-                lost.add(d)
-                self._lost(report, pod.uid, held, track.ref, netns, live=True)
-            else:
-                log.warning("device recorded in a live pod is on the host", extra=fields)
+            match where:
+                case Location.POD:
+                    track.attached[d] = held
+                    report.counts["kept"] += 1
+                case Location.MISSING:
+                    lost.add(d)
+                    self._lost(report, pod.uid, held, track.ref, netns, live=True)
+                case Location.HOST:
+                    log.warning("device recorded in a live pod is on the host", extra=fields)
         for cfg in configs:
             if cfg.device in track.attached or cfg.device in lost:
                 continue
@@ -840,11 +698,11 @@ class AttachHooks(NriHandlers):
                 done = await self._attach_one(cfg, netns)
             except Exception as exc:
                 log.error("attach during recovery failed", extra={**fields, "error": str(exc)})
-                self.writer.put_result(self._failed_result(cfg, f"attach after a restart failed: {exc}"))
+                self.writer.put_result(self.records.failed(cfg, f"attach after a restart failed: {exc}"))
                 report.counts["attach_failed"] += 1
                 continue
             track.attached[cfg.device] = Held(cfg, done.hardware_address)
-            self.writer.put_result(self._attached_result(cfg, done))
+            self.writer.put_result(self.records.attached(cfg, done))
             report.counts["recorded" if done.converged else "attached_late"] += 1
 
     async def _recover_gone(
@@ -944,33 +802,3 @@ class AttachHooks(NriHandlers):
                 report.counts["returned_from_pin"] += 1
             if ok:
                 self._unpin(pin, report)
-
-
-def ready_conditions(cfg: st.DeviceConfig) -> tuple[Condition, ...]:
-    """dranet's conditions, when the engine reports none of its own."""
-    out: list[Condition] = []
-    if cfg.host_ifname:
-        out += [
-            Condition("Ready", "True", "NetworkDeviceReady"),
-            Condition("NetworkReady", "True", "NetworkReady"),
-        ]
-    elif cfg.rdma.link_dev:
-        out.append(Condition("Ready", "True", "RDMAOnlyDeviceReady"))
-    if cfg.rdma_netns_mode == "exclusive" and cfg.rdma.link_dev:
-        out.append(Condition("RDMALinkReady", "True", "RDMALinkReady"))
-    return tuple(out)
-
-
-def lost_message(held: Held, pod: str, netns: str) -> str:
-    name = held.host_ifname or (held.config.rdma.link_dev if held.config else "") or held.device
-    return (
-        f"device {held.device} ({name}) of pod {pod} is lost: found neither in the pod's netns "
-        f"{netns or '(unknown)'} nor on the host (a veth or IPvlan child dies with its netns)"
-    )
-
-
-def pod_name(configs: Sequence[st.DeviceConfig], uid: str) -> str:
-    for c in configs:
-        if c.pod.name:
-            return f"{c.pod.namespace}/{c.pod.name}"
-    return uid

@@ -1,90 +1,66 @@
-"""The netlink engine of the attach service: applies the plans of shared.attachplan.
+"""The netlink engine of the attach service: applies the plans of shared.attachplan,
+and is the DeviceEngine (engine.py) the NRI hooks run with.
 
-Entry points for the NRI hooks (all async, never blocking the event loop):
+What the hooks call (all async, never blocking the event loop):
 
 - ``NetdevEngine.attach(config, netns)`` for RunPodSandbox: one device into the pod
-  netns. Returns an AttachOutcome (never raises for a device problem): on failure
-  everything done so far is undone, the device is back on the host, and
-  ``outcome.error`` names the device, interfaces, netns and failing step.
+  netns; AttachFailed after everything done so far is undone (the device is back on
+  the host), its message naming the device, interfaces, netns and failing step.
 - ``NetdevEngine.detach(what, netns)`` for StopPodSandbox/RemovePodSandbox and for
   pods that are gone at Synchronize: gives one device back. ``what`` is the
-  DeviceConfig, or the AttachResult when the config is gone.
-- ``shared.attachplan.container_devices(configs)`` + ``services.attach.rdma.check_device_nodes``
-  for CreateContainer.
+  DeviceConfig, or the AttachResult when the config is gone. DetachFailed names the
+  failed steps.
+- ``NetdevEngine.locate(what, netns)`` for Synchronize: where the device is now.
+- ``NetdevEngine.container_devices(configs)`` for CreateContainer: the RDMA device
+  files as they are on this host (``rdma.check_device_nodes``).
 
-Both are idempotent: a retried RunPodSandbox finds the device already in the pod and
+``attach_outcome`` and ``detach_outcome`` do the same work as attach and detach and
+return the whole record (AttachOutcome, ReturnOutcome: steps, failed step, rollback
+errors, timing) instead of raising, for the engine's tests and benchmarks.
+
+All are idempotent: a retried RunPodSandbox finds the device already in the pod and
 converges; a return of a device that is already on the host (or never left) does
 nothing and succeeds. Operations on one host device are serialized.
 
 Each call runs in a fresh thread: it opens a netlink socket in the host netns, then
 enters the pod netns (setns on that thread only) for the pod socket, sysctls, ethtool
-and bpf calls. Sockets live for one call. The pod netns is opened read-only and
-never created.
+and bpf calls (netdev_steps.py: one step at a time). Sockets live for one call. The
+pod netns is opened read-only and never created.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from proto.dranet.store.v1 import store_pb2
-from services.attach import netdev_ebpf, netdev_ethtool, rdma
-from services.attach.netdev_nl import (
-    IFLA_IPVLAN_MODE,
-    IFLA_MACVLAN_MODE,
-    IFLA_VRF_TABLE,
-    IPVLAN_MODES,
-    MACVLAN_MODES,
-    NETLINK_ROUTE,
-    NetlinkError,
-    NlSocket,
-    attr_u16,
-    attr_u32,
-)
-from services.attach.netns import NetnsError, NetnsGone, open_netns, same_netns, setns
+from services.attach import rdma
+from services.attach.engine import Attached, AttachFailed, DetachFailed, Location
+from services.attach.netdev_steps import Run, StepFailed, apply_best_effort, apply_step, errtext
+from services.attach.netns import NetnsGone, open_netns
 from shared.attachplan import (
-    AddAddress,
-    AddAltname,
-    AddNeighbor,
-    AddRoute,
-    AddRule,
-    ApplyEthtool,
     AttachObservation,
     AttachPlan,
     Condition,
-    CreateChild,
-    CreateVrf,
-    DelAltname,
-    DeleteLink,
-    DelRule,
-    DetachEbpf,
     DeviceKind,
+    DeviceNode,
     DeviceSpec,
-    LinkAttrs,
     LinkLocator,
     LinkState,
-    MoveLink,
-    MoveRdmaLink,
     Ns,
     PlanError,
-    RenameLink,
     ReturnObservation,
     ReturnPlan,
     ReturnState,
     ReturnTarget,
-    SetLink,
-    SetLinkState,
-    SetMaster,
     Step,
-    WriteSysctl,
+    container_devices,
     plan_attach,
     plan_return,
     plan_rollback,
@@ -97,10 +73,6 @@ T = TypeVar("T")
 
 # Link kinds attach creates on a host parent (macvlan: only tests use it, on kernels without ipvlan).
 CHILD_KINDS = ("ipvlan", "macvlan")
-# Errors of an "add" that mean the thing is already there (converge, do not undo).
-_EXISTS = (errno.EEXIST,)
-# Errors of a "remove" that mean it is already gone.
-_GONE = (errno.ENODEV, errno.ENOENT, errno.ESRCH, errno.ENODATA, errno.EADDRNOTAVAIL)
 
 
 # --- outcomes ----------------------------------------------------------------------------
@@ -148,379 +120,10 @@ class ReturnOutcome:
         return not self.error
 
 
-class Location(StrEnum):
-    """Where a device is."""
-
-    POD = "pod"
-    HOST = "host"
-    MISSING = "missing"
-
-
-class StepFailed(Exception):
-    """One step failed. partial: it changed something before failing (a move that
-    moved the link but could not rename it), so its undo must run."""
-
-    def __init__(self, step: Step, cause: BaseException, partial: bool = False) -> None:
-        self.step = step
-        self.cause = cause
-        self.partial = partial
-        super().__init__(f"step '{step.describe()}' failed: {_text(cause)}")
-
-
-def _text(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        code = f"[{errno.errorcode.get(exc.errno or 0, exc.errno)}] " if exc.errno else ""
-        return code + exc.strerror
-    return str(exc) or type(exc).__name__
-
-
-@dataclass
-class _Applied:
-    changed: bool = True  # False: already so, nothing to undo
-    undo: tuple[Step, ...] | None = None  # replaces the planned undo
-    notes: list[str] = field(default_factory=list)
-
-
-# --- one run (one device, one thread) ----------------------------------------------------
-
-
-class _Run:
-    """The sockets and netns of one attach or return, inside its own thread."""
-
-    def __init__(self, host_fd: int, netns_path: str | None) -> None:
-        self.host_fd = host_fd
-        self.netns_path = netns_path or ""
-        self.pod_fd: int | None = None
-        self.where = Ns.HOST
-        self.socks: dict[tuple[Ns, int], NlSocket] = {}
-        self.index: dict[tuple[Ns, str], int] = {}
-        # The thread inherits its creator's netns; make sure it is the host's.
-        setns(host_fd)
-
-    def open_pod(self) -> None:
-        if not self.netns_path:
-            raise NetnsGone(errno.ENOENT, "the pod network namespace is gone (no path)")
-        fd = open_netns(self.netns_path)
-        if same_netns(fd, self.host_fd):
-            os.close(fd)
-            raise NetnsError(
-                errno.EINVAL, f"{self.netns_path} is the host network namespace (host-network pod)"
-            )
-        self.pod_fd = fd
-
-    def fd(self, ns: Ns) -> int:
-        if ns == Ns.HOST:
-            return self.host_fd
-        if self.pod_fd is None:
-            raise NetnsGone(errno.ENOENT, f"network namespace {self.netns_path} is not open")
-        return self.pod_fd
-
-    def enter(self, ns: Ns) -> None:
-        if ns != self.where:
-            setns(self.fd(ns))
-            self.where = ns
-
-    def sock(self, ns: Ns, proto: int = NETLINK_ROUTE) -> NlSocket:
-        s = self.socks.get((ns, proto))
-        if s is None:
-            self.enter(ns)
-            s = rdma.rdma_socket() if proto != NETLINK_ROUTE else NlSocket(proto)
-            self.socks[(ns, proto)] = s
-        return s
-
-    def _remember(self, ns: Ns, found: LinkState | None) -> LinkState | None:
-        if found is not None:
-            self.index[(ns, found.name)] = found.index
-        return found
-
-    def link(self, ns: Ns, name: str) -> LinkState | None:
-        return self._remember(ns, self.sock(ns).get_link(name=name))
-
-    def resolve(self, ns: Ns, name: str) -> int:
-        idx = self.index.get((ns, name))
-        if idx is None:
-            found = self.link(ns, name)
-            if found is None:
-                raise NetlinkError(errno.ENODEV, f"no interface {name} in the {ns} netns")
-            idx = found.index
-        return idx
-
-    def forget(self, ns: Ns, name: str) -> None:
-        self.index.pop((ns, name), None)
-
-    def locate(
-        self, ns: Ns, loc: LinkLocator, verify: Callable[[LinkState], bool] | None = None
-    ) -> LinkState | None:
-        """The link ``loc`` describes: by name (if ``verify`` accepts it), by altname, by MAC."""
-        sock = self.sock(ns)
-        for name in loc.names:
-            found = sock.get_link(name=name)
-            if found is not None and (verify is None or verify(found)):
-                return self._remember(ns, found)
-        if loc.altname:
-            found = sock.get_link(altname=loc.altname)
-            if found is not None:
-                return self._remember(ns, found)
-        if loc.mac:
-            for found in sock.list_links():
-                if found.mac == loc.mac.lower() and found.kind not in ("vrf", "bridge"):
-                    return self._remember(ns, found)
-        return None
-
-    def close(self) -> None:
-        for s in self.socks.values():
-            s.close()
-        self.socks.clear()
-        try:
-            self.enter(Ns.HOST)
-        finally:
-            if self.pod_fd is not None:
-                os.close(self.pod_fd)
-                self.pod_fd = None
-
-
-# --- step executor -------------------------------------------------------------------------
-
-
-def _apply(run: _Run, step: Step) -> _Applied:
-    """Apply one step. Raises StepFailed naming it."""
-    try:
-        return _dispatch(run, step)
-    except StepFailed:
-        raise
-    except (OSError, ValueError, PlanError) as exc:
-        raise StepFailed(step, exc) from exc
-
-
-def _dispatch(run: _Run, step: Step) -> _Applied:
-    if isinstance(step, MoveLink):
-        return _move_link(run, step)
-    if isinstance(step, AddAltname):
-        return _add(
-            lambda: run.sock(step.ns).altname(run.resolve(step.ns, step.ifname), step.altname, add=True)
-        )
-    if isinstance(step, DelAltname):
-        return _remove(
-            lambda: run.sock(step.ns).altname(run.resolve(step.ns, step.ifname), step.altname, add=False)
-        )
-    if isinstance(step, RenameLink):
-        idx = run.resolve(step.ns, step.ifname)
-        sock = run.sock(step.ns)
-        sock.set_link(idx, up=False)  # the kernel refuses to rename a running link
-        sock.set_link(idx, new_name=step.new_name)
-        run.forget(step.ns, step.ifname)
-        run.index[(step.ns, step.new_name)] = idx
-        return _Applied()
-    if isinstance(step, SetLink):
-        _set_link(run.sock(step.ns), run.resolve(step.ns, step.ifname), step.attrs)
-        return _Applied()
-    if isinstance(step, SetLinkState):
-        run.sock(step.ns).set_link(run.resolve(step.ns, step.ifname), up=step.up)
-        return _Applied()
-    if isinstance(step, WriteSysctl):
-        run.enter(step.ns)
-        try:
-            with open(f"/proc/sys/{step.key}", "w") as f:
-                f.write(step.value)
-        except FileNotFoundError:
-            if step.missing_ok:
-                return _Applied(changed=False, notes=[f"/proc/sys/{step.key} does not exist"])
-            raise
-        return _Applied()
-    if isinstance(step, AddAddress):
-        return _add(lambda: run.sock(step.ns).add_address(run.resolve(step.ns, step.ifname), step.cidr))
-    if isinstance(step, AddRoute):
-        return _add(
-            lambda: run.sock(step.ns).add_route(
-                run.resolve(step.ns, step.ifname),
-                step.destination,
-                step.gateway,
-                step.source,
-                step.scope,
-                step.table,
-            )
-        )
-    if isinstance(step, AddRule):
-        return _add(
-            lambda: run.sock(step.ns).rule(step.priority, step.source, step.destination, step.table, add=True)
-        )
-    if isinstance(step, DelRule):
-        return _remove(
-            lambda: run.sock(step.ns).rule(
-                step.priority, step.source, step.destination, step.table, add=False
-            )
-        )
-    if isinstance(step, AddNeighbor):
-        run.sock(step.ns).replace_neighbor(run.resolve(step.ns, step.ifname), step.destination, step.mac)
-        return _Applied()
-    if isinstance(step, CreateVrf):
-        return _add(
-            lambda: run.sock(step.ns).create_link(
-                step.name, "vrf", info_data=attr_u32(IFLA_VRF_TABLE, step.table)
-            )
-        )
-    if isinstance(step, SetMaster):
-        master = run.resolve(step.ns, step.master)
-        run.sock(step.ns).set_link(run.resolve(step.ns, step.ifname), master=master)
-        return _Applied()
-    if isinstance(step, DeleteLink):
-        found = run.link(step.ns, step.ifname)
-        if found is None:
-            return _Applied(changed=False)
-        run.sock(step.ns).delete_link(found.index)
-        run.forget(step.ns, step.ifname)
-        return _Applied()
-    if isinstance(step, CreateChild):
-        return _create_child(run, step)
-    if isinstance(step, ApplyEthtool):
-        return _ethtool(run, step)
-    if isinstance(step, DetachEbpf):
-        idx = run.resolve(step.ns, step.ifname)
-        run.enter(step.ns)
-        removed = netdev_ebpf.detach_all(run.sock(step.ns), idx)
-        return _Applied(changed=bool(removed), notes=removed)
-    if isinstance(step, MoveRdmaLink):
-        return _move_rdma(run, step)
-    raise PlanError(f"no executor for step {type(step).__name__}")
-
-
-def _tolerating(errnos: tuple[int, ...], fn: Callable[[], None]) -> _Applied:
-    """Run ``fn``; a netlink error in ``errnos`` means it is already so (nothing to undo)."""
-    try:
-        fn()
-    except NetlinkError as exc:
-        if exc.errno in errnos:
-            return _Applied(changed=False)
-        raise
-    return _Applied()
-
-
-def _add(fn: Callable[[], None]) -> _Applied:
-    return _tolerating(_EXISTS, fn)
-
-
-def _remove(fn: Callable[[], None]) -> _Applied:
-    return _tolerating(_GONE, fn)
-
-
-def _set_link(
-    sock: NlSocket, index: int, a: LinkAttrs, *, new_name: str = "", netns_fd: int | None = None
-) -> None:
-    """One RTM_NEWLINK with the link attributes ``a`` (and a move and rename when given)."""
-    sock.set_link(
-        index,
-        new_name=new_name,
-        netns_fd=netns_fd,
-        mtu=a.mtu,
-        mac=a.mac,
-        gso_max_size=a.gso_max_size,
-        gro_max_size=a.gro_max_size,
-        gso_ipv4_max_size=a.gso_ipv4_max_size,
-        gro_ipv4_max_size=a.gro_ipv4_max_size,
-    )
-
-
-def _identified_by(loc: LinkLocator) -> Callable[[LinkState], bool] | None:
-    """A link found by name is ours only if it carries the tag or the MAC the locator
-    names: a rollback must not move the pod's own interface that took our name."""
-    if not loc.altname and not loc.mac:
-        return None
-
-    def check(found: LinkState) -> bool:
-        return (bool(loc.altname) and loc.altname in found.altnames) or (
-            bool(loc.mac) and found.mac == loc.mac.lower()
-        )
-
-    return check
-
-
-def _move_link(run: _Run, step: MoveLink) -> _Applied:
-    link = run.locate(step.ns, step.locator, _identified_by(step.locator))
-    if link is None:
-        raise NetlinkError(errno.ENODEV, f"{step.locator.describe()} not found in the {step.ns} netns")
-    try:
-        _set_link(
-            run.sock(step.ns), link.index, step.attrs, new_name=step.new_name, netns_fd=run.fd(step.dst)
-        )
-    except NetlinkError as exc:
-        # The kernel moves the link before it sets MAC and name: an EEXIST on the
-        # name (or a refused MAC) leaves the link in the target netns under its
-        # old name. Look there before deciding what to undo.
-        run.forget(step.ns, link.name)
-        moved = run.locate(step.dst, LinkLocator((link.name,), step.locator.altname), _same_link(link))
-        raise StepFailed(step, exc, partial=moved is not None) from exc
-    run.forget(step.ns, link.name)
-    run.forget(step.dst, step.new_name)
-    return _Applied()
-
-
-def _same_link(before: LinkState) -> Callable[[LinkState], bool]:
-    def check(found: LinkState) -> bool:
-        return found.kind == before.kind and (found.mac == before.mac or found.index == before.index)
-
-    return check
-
-
-def _create_child(run: _Run, step: CreateChild) -> _Applied:
-    parent = run.resolve(Ns.HOST, step.parent)
-    if step.kind == "ipvlan":
-        data = attr_u16(IFLA_IPVLAN_MODE, IPVLAN_MODES[step.mode])
-    elif step.kind == "macvlan":
-        data = attr_u32(IFLA_MACVLAN_MODE, MACVLAN_MODES[step.mode])
-    else:
-        raise PlanError(f"unsupported child kind {step.kind}")
-    # Sent in the host netns, where the parent is; the kernel creates the child in the pod.
-    run.sock(Ns.HOST).create_link(
-        step.name, step.kind, info_data=data, parent=parent, netns_fd=run.fd(step.ns), mtu=step.mtu
-    )
-    return _Applied()
-
-
-def _ethtool(run: _Run, step: ApplyEthtool) -> _Applied:
-    run.enter(step.ns)
-    try:
-        prev_features = netdev_ethtool.set_features(step.ifname, dict(step.features)) if step.features else {}
-    except OSError as exc:
-        raise netdev_ethtool.EthtoolError(
-            exc.errno or 0, f"features of {step.ifname}: {_text(exc)}"
-        ) from None
-    try:
-        prev_flags = (
-            netdev_ethtool.set_private_flags(step.ifname, dict(step.private_flags))
-            if step.private_flags
-            else {}
-        )
-    except OSError as exc:
-        if prev_features:  # undo the features this step did set before failing
-            netdev_ethtool.set_features(step.ifname, prev_features)
-        raise netdev_ethtool.EthtoolError(
-            exc.errno or 0, f"private flags of {step.ifname}: {_text(exc)}"
-        ) from None
-    if not prev_features and not prev_flags:
-        return _Applied(changed=False)
-    undo = ApplyEthtool(
-        step.ns, step.ifname, tuple(sorted(prev_features.items())), tuple(sorted(prev_flags.items()))
-    )
-    return _Applied(undo=(undo,))
-
-
-def _move_rdma(run: _Run, step: MoveRdmaLink) -> _Applied:
-    src = run.sock(step.ns, rdma.NETLINK_RDMA)
-    idx = rdma.find_rdma_device(src, step.name)
-    if idx is None:
-        if rdma.find_rdma_device(run.sock(step.dst, rdma.NETLINK_RDMA), step.name) is not None:
-            return _Applied(changed=False)
-        raise NetlinkError(
-            errno.ENODEV, f"RDMA device {step.name} not found in the {step.ns} or {step.dst} netns"
-        )
-    src.rdma_set_netns(idx, run.fd(step.dst))
-    return _Applied()
-
-
 # --- observation ---------------------------------------------------------------------------
 
 
-def _observe_attach(run: _Run, spec: DeviceSpec) -> AttachObservation:
+def _observe_attach(run: Run, spec: DeviceSpec) -> AttachObservation:
     if spec.kind == DeviceKind.RDMA_ONLY:
         return AttachObservation()
     tag = spec.altname
@@ -549,7 +152,7 @@ def _observe_attach(run: _Run, spec: DeviceSpec) -> AttachObservation:
     return AttachObservation(on_host=on_host, in_pod=in_pod, pod_name_taken=taken)
 
 
-def _observe_return(run: _Run, target: ReturnTarget) -> ReturnObservation:
+def _observe_return(run: Run, target: ReturnTarget) -> ReturnObservation:
     try:
         run.open_pod()
     except NetnsGone:
@@ -587,9 +190,11 @@ def _observe_return(run: _Run, target: ReturnTarget) -> ReturnObservation:
 class NetdevEngine:
     """Attaches and returns devices; one instance per attach service process."""
 
-    def __init__(self, host_netns: str = "/proc/self/ns/net") -> None:
+    def __init__(self, host_netns: str = "/proc/self/ns/net", dev_root: str = "/") -> None:
         # The process's own netns (the host's: the attach pod runs with hostNetwork).
         self._host_fd = open_netns(host_netns)
+        # Where the host's /dev is seen: RDMA device files are checked under it.
+        self.dev_root = dev_root
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
 
@@ -627,8 +232,65 @@ class NetdevEngine:
         threading.Thread(target=body, name="attach-netdev", daemon=True).start()
         return await fut
 
-    async def attach(self, config: store_pb2.DeviceConfig | DeviceSpec, netns: str) -> AttachOutcome:
-        """Put one device into the pod netns ``netns`` (RunPodSandbox)."""
+    # --- the DeviceEngine of the hooks (engine.py) ---
+
+    async def attach(self, config: store_pb2.DeviceConfig | DeviceSpec, netns: str) -> Attached:
+        """Put one device into the pod netns ``netns`` (RunPodSandbox). AttachFailed
+        after rolling back."""
+        out = await self.attach_outcome(config, netns)
+        if out.error:
+            raise AttachFailed(out.error)
+        return Attached(
+            interface_name=out.interface_name,
+            ips=out.ips,
+            hardware_address=out.hardware_address,
+            conditions=out.conditions,
+            converged=out.converged,
+        )
+
+    async def detach(
+        self,
+        what: store_pb2.DeviceConfig | store_pb2.AttachResult | DeviceSpec | ReturnTarget,
+        netns: str | None,
+        mac: str = "",
+    ) -> ReturnState:
+        """Give one device back to the host (StopPodSandbox). ``netns`` "" or None: the
+        pod netns is gone. DetachFailed when a step fails."""
+        out = await self.detach_outcome(what, netns or None, mac=mac)
+        if out.error:
+            raise DetachFailed(out.error)
+        return out.state
+
+    async def locate(
+        self,
+        what: store_pb2.DeviceConfig | store_pb2.AttachResult | DeviceSpec | ReturnTarget,
+        netns: str | None,
+        mac: str = "",
+    ) -> Location:
+        """Where the device is now: in the pod (``netns`` given and the device is
+        there), on the host (under its host name or, back from a dead netns, under
+        another name with its altname tag), or missing. Raises PlanError or OSError."""
+        target = _target(what, mac)
+        return await self._in_thread(self.locate_in_thread, target, netns or None)
+
+    def container_devices(self, configs: Sequence[store_pb2.DeviceConfig]) -> tuple[DeviceNode, ...]:
+        """The RDMA device files of ``configs`` as they are under ``dev_root`` now."""
+        nodes, problems = rdma.check_device_nodes(container_devices(configs), self.dev_root)
+        for p in problems:
+            # A node that vanished since prepare is left out rather than failing the
+            # container: the runtime would refuse to create a missing device.
+            log.warning(
+                "RDMA device file problem",
+                extra=log_fields(
+                    path=p.path, problem=p.problem, pod_uid=configs[0].pod.uid if configs else None
+                ),
+            )
+        return nodes
+
+    # --- the whole record, never raising for a device problem (tests, benchmarks) ---
+
+    async def attach_outcome(self, config: store_pb2.DeviceConfig | DeviceSpec, netns: str) -> AttachOutcome:
+        """As attach, with what it did (or why it failed) as an AttachOutcome."""
         try:
             spec = config if isinstance(config, DeviceSpec) else DeviceSpec.from_proto(config)
         except PlanError as exc:
@@ -638,14 +300,14 @@ class NetdevEngine:
             )
         return await self._in_thread(self.attach_in_thread, spec, netns)
 
-    async def detach(
+    async def detach_outcome(
         self,
         what: store_pb2.DeviceConfig | store_pb2.AttachResult | DeviceSpec | ReturnTarget,
         netns: str | None,
         *,
         mac: str = "",
     ) -> ReturnOutcome:
-        """Give one device back to the host (StopPodSandbox). ``netns`` None: the pod
+        """As detach, with what it did as a ReturnOutcome. ``netns`` None: the pod
         netns is gone. ``mac`` is the MAC the device had in the pod
         (AttachResult.hardware_address), to find it if someone renamed it and
         removed its altname."""
@@ -654,19 +316,6 @@ class NetdevEngine:
         except PlanError as exc:
             return ReturnOutcome(device=what.device, host_ifname="", state=ReturnState.GONE, error=str(exc))
         return await self._in_thread(self.detach_in_thread, target, netns)
-
-    async def locate(
-        self,
-        what: store_pb2.DeviceConfig | store_pb2.AttachResult | DeviceSpec | ReturnTarget,
-        netns: str | None,
-        *,
-        mac: str = "",
-    ) -> Location:
-        """Where the device is now: in the pod (``netns`` given and the device is
-        there), on the host (under its host name or, back from a dead netns, under
-        another name with its altname tag), or missing. Raises PlanError or OSError."""
-        target = _target(what, mac)
-        return await self._in_thread(self.locate_in_thread, target, netns)
 
     # --- thread bodies (public for the benchmark; never call them on the event loop) ---
 
@@ -714,7 +363,7 @@ class NetdevEngine:
     def _attach(self, spec: DeviceSpec, netns: str) -> AttachOutcome:
         where = _where(spec, netns)
         base = AttachOutcome(device=spec.device, pod_uid=spec.pod_uid, host_ifname=spec.host_ifname)
-        run = _Run(self._host_fd, netns)
+        run = Run(self._host_fd, netns)
         try:
             try:
                 run.open_pod()
@@ -723,24 +372,24 @@ class NetdevEngine:
             except PlanError as exc:
                 return _replace(base, error=str(exc), failed_step="plan")
             except OSError as exc:
-                return _replace(base, error=f"{where}: {_text(exc)}", failed_step="observe")
+                return _replace(base, error=f"{where}: {errtext(exc)}", failed_step="observe")
             return self._apply_attach(run, plan, base, where)
         finally:
             run.close()
 
-    def _apply_attach(self, run: _Run, plan: AttachPlan, base: AttachOutcome, where: str) -> AttachOutcome:
+    def _apply_attach(self, run: Run, plan: AttachPlan, base: AttachOutcome, where: str) -> AttachOutcome:
         done: list[int] = []
         extra: dict[int, tuple[Step, ...]] = {}
         applied: list[str] = []
         for i, ps in enumerate(plan.steps):
             log.debug("%s: %s", where, ps.action.describe())
             try:
-                res = _apply(run, ps.action)
+                res = apply_step(run, ps.action)
             except StepFailed as failed:
                 if failed.partial:
                     done.append(i)
                 undo = plan_rollback(plan, done, extra)
-                rb_errors = _best_effort(run, undo)
+                rb_errors = apply_best_effort(run, undo)
                 msg = f"{where}: {failed}"
                 if ps.origin:
                     msg = f"{where}: {ps.origin}: {failed}"
@@ -784,7 +433,7 @@ class NetdevEngine:
         )
 
     def locate_in_thread(self, target: ReturnTarget, netns: str | None) -> Location:
-        run = _Run(self._host_fd, netns)
+        run = Run(self._host_fd, netns)
         try:
             if target.kind == DeviceKind.RDMA_ONLY or not target.host_ifname:
                 return _locate_rdma(run, target)
@@ -796,27 +445,27 @@ class NetdevEngine:
         return Location.HOST if seen.on_host is not None else Location.MISSING
 
     def _detach(self, target: ReturnTarget, netns: str | None) -> ReturnOutcome:
-        run = _Run(self._host_fd, netns)
+        run = Run(self._host_fd, netns)
         base = ReturnOutcome(device=target.device, host_ifname=target.host_ifname, state=ReturnState.GONE)
         try:
             try:
                 seen = _observe_return(run, target)
             except OSError as exc:
-                return _replace(base, error=f"{_where_link(target, netns)}: observe: {_text(exc)}")
+                return _replace(base, error=f"{_where_link(target, netns)}: observe: {errtext(exc)}")
             plan = plan_return(target, seen)
             return self._apply_return(run, plan, base, netns)
         finally:
             run.close()
 
     def _apply_return(
-        self, run: _Run, plan: ReturnPlan, base: ReturnOutcome, netns: str | None
+        self, run: Run, plan: ReturnPlan, base: ReturnOutcome, netns: str | None
     ) -> ReturnOutcome:
         errors: list[str] = []
         applied: list[str] = []
         for group in (plan.rdma_steps, plan.netdev_steps):
             for step in group:
                 try:
-                    _apply(run, step)
+                    apply_step(run, step)
                 except StepFailed as failed:
                     errors.append(str(failed))
                     break  # the rest of this group depends on this step
@@ -828,15 +477,18 @@ class NetdevEngine:
 def _target(
     what: store_pb2.DeviceConfig | store_pb2.AttachResult | DeviceSpec | ReturnTarget, mac: str
 ) -> ReturnTarget:
-    if isinstance(what, ReturnTarget):
-        return what
-    if isinstance(what, store_pb2.AttachResult):
-        return ReturnTarget.from_result(what)
-    spec = what if isinstance(what, DeviceSpec) else DeviceSpec.from_proto(what)
-    return ReturnTarget.from_spec(spec, mac)
+    match what:
+        case ReturnTarget():
+            return what
+        case store_pb2.AttachResult():
+            return ReturnTarget.from_result(what)
+        case DeviceSpec():
+            return ReturnTarget.from_spec(what, mac)
+        case _:
+            return ReturnTarget.from_spec(DeviceSpec.from_proto(what), mac)
 
 
-def _locate_rdma(run: _Run, target: ReturnTarget) -> Location:
+def _locate_rdma(run: Run, target: ReturnTarget) -> Location:
     """An RDMA-only device: its link device moves only in exclusive mode."""
     if not (target.rdma_exclusive and target.rdma_link_dev):
         return Location.HOST
@@ -850,16 +502,6 @@ def _locate_rdma(run: _Run, target: ReturnTarget) -> Location:
     if rdma.find_rdma_device(run.sock(Ns.HOST, rdma.NETLINK_RDMA), target.rdma_link_dev) is not None:
         return Location.HOST
     return Location.MISSING
-
-
-def _best_effort(run: _Run, steps: tuple[Step, ...]) -> list[str]:
-    errors = []
-    for step in steps:
-        try:
-            _apply(run, step)
-        except StepFailed as failed:
-            errors.append(str(failed))
-    return errors
 
 
 def _where(spec: DeviceSpec, netns: str) -> str:

@@ -18,6 +18,7 @@ import os
 import struct
 
 from services.attach.netdev_nl import NetlinkError, NlSocket
+from shared.rtnl.codec import TC_H_MIN_EGRESS, TC_H_MIN_INGRESS
 
 SYS_BPF = 321  # x86_64
 BPF_PROG_DETACH = 9
@@ -27,8 +28,6 @@ BPF_LINK_GET_FD_BY_ID = 30
 BPF_LINK_DETACH = 34
 BPF_TCX_INGRESS = 46
 BPF_TCX_EGRESS = 47
-TC_H_INGRESS_MIN = 0xFFFFFFF2  # TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_INGRESS)
-TC_H_EGRESS_MIN = 0xFFFFFFF3  # TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_EGRESS)
 _ATTR_SIZE = 128
 _MAX_PROGS = 64
 
@@ -88,7 +87,7 @@ def detach_all(sock: NlSocket, ifindex: int) -> list[str]:
     """Remove tc bpf filters and TCX programs from ``ifindex``; returns what was
     removed (for the log). Raises on the first failure, naming it."""
     removed: list[str] = []
-    for parent, hook in ((TC_H_INGRESS_MIN, "ingress"), (TC_H_EGRESS_MIN, "egress")):
+    for parent, hook in ((TC_H_MIN_INGRESS, "ingress"), (TC_H_MIN_EGRESS, "egress")):
         try:
             filters = sock.tc_filters(ifindex, parent)
         except NetlinkError:

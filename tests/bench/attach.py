@@ -61,8 +61,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from dev.cluster.cri import CriClient
 from proto.dranet.store.v1 import store_pb2 as st
 from proto.nri.v1alpha1 import nri_pb2
-from services.attach.enginebridge import NetdevBridge
 from services.attach.hooks import AttachHooks
+from services.attach.netdev import NetdevEngine
 from services.attach.netns import open_netns
 from services.attach.writer import StoreWriter
 from shared.storeclient import StoreClient
@@ -134,8 +134,8 @@ async def bench_hook(iterations: int, warmup: int, workdir: Path) -> dict[str, A
                 await store.put_devices([bench_config(nic, pod_uid)])
                 writer = StoreWriter(store)
                 writer.start()
-                bridge = NetdevBridge()
-                hooks = AttachHooks(store, bridge, writer)
+                engine = NetdevEngine()
+                hooks = AttachHooks(store, engine, writer)
                 pod_fd = open_netns(nic.pod_path)
                 host_fd = open_netns("/proc/self/ns/net")
                 ipr = await loop.run_in_executor(direct, IPRoute)
@@ -167,7 +167,7 @@ async def bench_hook(iterations: int, warmup: int, workdir: Path) -> dict[str, A
                     direct.shutdown()
                     await hooks.close()
                     await writer.close()
-                    bridge.close()
+                    engine.close()
                     os.close(pod_fd)
                     os.close(host_fd)
     finally:

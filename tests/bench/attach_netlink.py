@@ -168,11 +168,11 @@ def direct_cycle(ipr: Any, nic: BenchNic, pod_fd: int, host_fd: int) -> None:
 async def engine_cycle(engine: NetdevEngine, cfg: store_pb2.DeviceConfig, netns: str) -> tuple[float, float]:
     """Attach then return through the engine's async API; (attach, return) seconds."""
     t = time.perf_counter()
-    out = await engine.attach(cfg, netns)
+    out = await engine.attach_outcome(cfg, netns)
     if not out.ok:
         raise RuntimeError(out.error)
     attached = time.perf_counter()
-    back = await engine.detach(cfg, netns)
+    back = await engine.detach_outcome(cfg, netns)
     if not back.ok:
         raise RuntimeError(back.error)
     return attached - t, time.perf_counter() - attached

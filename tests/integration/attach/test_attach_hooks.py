@@ -22,11 +22,12 @@ import pytest
 from dev.cluster.procs import ServiceProcess
 from proto.dranet.store.v1 import store_pb2 as st
 from proto.nri.v1alpha1 import nri_pb2
+from services.attach.books import netns_exists
 from services.attach.engine import Attached, AttachFailed, DetachFailed, Location, ReturnState
-from services.attach.hooks import AttachHooks, HookConfig, netns_exists
+from services.attach.hooks import AttachHooks, HookConfig
 from services.attach.nri.ttrpc import TtrpcError
 from services.attach.writer import StoreWriter
-from shared.attachplan import container_devices
+from shared.attachplan import DeviceNode, container_devices
 from shared.storeclient import StoreClient
 from tests.integration.attach.attach_env import wait_for
 
@@ -98,14 +99,8 @@ class Ledger:
             return Location.POD
         return Location.MISSING
 
-    def container_devices(self, configs: Sequence[st.DeviceConfig]) -> list[nri_pb2.LinuxDevice]:
-        out = []
-        for n in container_devices(configs):
-            d = nri_pb2.LinuxDevice(path=n.path, type=n.type, major=n.major, minor=n.minor)
-            if n.file_mode:
-                d.file_mode.value = n.file_mode
-            out.append(d)
-        return out
+    def container_devices(self, configs: Sequence[st.DeviceConfig]) -> Sequence[DeviceNode]:
+        return container_devices(configs)
 
 
 @pytest.fixture

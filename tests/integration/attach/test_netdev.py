@@ -31,7 +31,8 @@ import pytest
 
 from proto.dranet.store.v1 import store_pb2
 from services.attach import netdev, netdev_ebpf
-from services.attach.netdev import Location, NetdevEngine
+from services.attach.engine import Attached, AttachFailed, Location
+from services.attach.netdev import NetdevEngine
 from services.attach.netdev_nl import NlSocket
 from services.attach.netns import open_netns, setns
 from shared.attachplan import CreateChild, ReturnState
@@ -280,7 +281,7 @@ def assert_back_on_host(nic: Nic, *, with_addresses: bool) -> None:
 
 async def test_passthrough_configures_everything_and_returns(nic: Nic, engine: NetdevEngine) -> None:
     cfg = nic.config(full_config(nic))
-    out = await engine.attach(cfg, nic.pod_path)
+    out = await engine.attach_outcome(cfg, nic.pod_path)
     assert out.ok, out.error
     assert (out.interface_name, out.hardware_address, out.attached) == ("net1", "02:00:00:00:77:01", True)
     assert out.ips == (f"198.18.{nic.net}.5/24", f"fd00:dd:{nic.net:x}::5/64")
@@ -316,7 +317,7 @@ async def test_passthrough_configures_everything_and_returns(nic: Nic, engine: N
     assert sysctl(nic.pod_ns, "net/ipv4/conf/net1/arp_announce") == "2"
     assert ping(nic.pod_ns, nic.gw), "the pod cannot reach its peer"
 
-    back = await engine.detach(cfg, nic.pod_path, mac=out.hardware_address)
+    back = await engine.detach_outcome(cfg, nic.pod_path, mac=out.hardware_address)
     assert back.ok and back.state == ReturnState.RETURNED, back
     assert link(nic.pod_ns, "net1") is None
     # Back under its host name and up; host addresses are not restored (as dranet).
@@ -326,12 +327,12 @@ async def test_passthrough_configures_everything_and_returns(nic: Nic, engine: N
 
 async def test_attach_and_return_are_idempotent(nic: Nic, engine: NetdevEngine) -> None:
     cfg = nic.config(full_config(nic))
-    never = await engine.detach(cfg, nic.pod_path)
+    never = await engine.detach_outcome(cfg, nic.pod_path)
     assert never.ok and never.state == ReturnState.ALREADY_ON_HOST
     assert nic.host_ip in addrs(None, nic.host), "a return of a never-attached device touched it"
 
-    first = await engine.attach(cfg, nic.pod_path)
-    again = await engine.attach(cfg, nic.pod_path)
+    first = await engine.attach_outcome(cfg, nic.pod_path)
+    again = await engine.attach_outcome(cfg, nic.pod_path)
     assert first.ok and again.ok, (first.error, again.error)
     assert again.converged and not first.converged
     assert (again.interface_name, again.hardware_address, again.ips) == (
@@ -343,8 +344,8 @@ async def test_attach_and_return_are_idempotent(nic: Nic, engine: NetdevEngine) 
     assert len([r for r in ipj(nic.pod_ns, "rule", "show") if r.get("priority") == 1000]) == 1
     assert await engine.locate(cfg, nic.pod_path) == Location.POD
 
-    one = await engine.detach(cfg, nic.pod_path)
-    two = await engine.detach(cfg, nic.pod_path)
+    one = await engine.detach_outcome(cfg, nic.pod_path)
+    two = await engine.detach_outcome(cfg, nic.pod_path)
     assert (one.state, two.state) == (ReturnState.RETURNED, ReturnState.ALREADY_ON_HOST)
     assert one.ok and two.ok
     assert_back_on_host(nic, with_addresses=False)
@@ -357,7 +358,7 @@ async def test_unreachable_gateway_rolls_back_and_a_later_attach_works(
     bad = full_config(nic)
     bad["routes"].append({"destination": "203.0.114.0/24", "gateway": "192.0.2.77"})
     cfg = nic.config(bad)
-    out = await engine.attach(cfg, nic.pod_path)
+    out = await engine.attach_outcome(cfg, nic.pod_path)
     assert not out.ok and not out.attached
     assert out.failed_step == "add route 203.0.114.0/24 via 192.0.2.77 dev net1 in pod netns"
     for part in (
@@ -380,14 +381,35 @@ async def test_unreachable_gateway_rolls_back_and_a_later_attach_works(
     default = read("/proc/sys/net/ipv4/conf/default/arp_ignore")
     assert read(f"/proc/sys/net/ipv4/conf/{nic.host}/arp_ignore") == default
 
-    good = await engine.attach(nic.config(full_config(nic)), nic.pod_path)
+    good = await engine.attach_outcome(nic.config(full_config(nic)), nic.pod_path)
     assert good.ok, good.error
     assert ping(nic.pod_ns, nic.gw)
 
 
+async def test_the_hooks_interface_raises_what_the_outcome_says(nic: Nic, engine: NetdevEngine) -> None:
+    """attach/detach/locate as the hooks call them (engine.DeviceEngine): the same work as
+    attach_outcome/detach_outcome, a failure as AttachFailed with the outcome's message."""
+    bad = full_config(nic)
+    bad["routes"].append({"destination": "203.0.114.0/24", "gateway": "192.0.2.77"})
+    with pytest.raises(AttachFailed) as failed:
+        await engine.attach(nic.config(bad), nic.pod_path)
+    assert "ENETUNREACH" in str(failed.value) and "rolled back (device back on the host)" in str(failed.value)
+    assert_back_on_host(nic, with_addresses=True)
+
+    cfg = nic.config(full_config(nic))
+    done = await engine.attach(cfg, nic.pod_path)
+    assert isinstance(done, Attached) and not done.converged
+    assert (done.interface_name, done.hardware_address) == ("net1", "02:00:00:00:77:01")
+    assert (await engine.attach(cfg, nic.pod_path)).converged
+    assert await engine.locate(cfg, nic.pod_path, done.hardware_address) == Location.POD
+    assert await engine.detach(cfg, nic.pod_path, done.hardware_address) == ReturnState.RETURNED
+    assert await engine.detach(cfg, "") == ReturnState.ALREADY_ON_HOST
+    assert await engine.locate(cfg, "") == Location.HOST
+
+
 async def test_name_taken_in_the_pod_fails_before_touching_the_device(nic: Nic, engine: NetdevEngine) -> None:
     sh("ip", "-n", nic.pod_ns, "link", "add", "net1", "type", "veth", "peer", "name", "other")
-    out = await engine.attach(nic.config(full_config(nic)), nic.pod_path)
+    out = await engine.attach_outcome(nic.config(full_config(nic)), nic.pod_path)
     assert not out.ok and out.failed_step == "plan"
     assert "already has an interface named net1" in out.error
     host = link(None, nic.host)
@@ -407,7 +429,7 @@ async def test_eexist_after_the_move_is_rolled_back(
         return replace(observe(run, spec), pod_name_taken=None)
 
     monkeypatch.setattr(netdev, "_observe_attach", blind)
-    out = await engine.attach(nic.config(full_config(nic)), nic.pod_path)
+    out = await engine.attach_outcome(nic.config(full_config(nic)), nic.pod_path)
     assert not out.ok and "EEXIST" in out.error and out.failed_step.startswith(f"move {nic.host}")
     assert out.rollback_errors == (), out.rollback_errors
     assert link(nic.pod_ns, nic.host) is None, "left in the pod under its old name"
@@ -418,11 +440,11 @@ async def test_eexist_after_the_move_is_rolled_back(
 
 async def test_netns_deleted_before_return(nic: Nic, engine: NetdevEngine) -> None:
     cfg = nic.config(full_config(nic))
-    assert (await engine.attach(cfg, nic.pod_path)).ok
+    assert (await engine.attach_outcome(cfg, nic.pod_path)).ok
     sh("ip", "netns", "del", nic.pod_ns)
     # A veth dies with its netns (and takes its peer along).
     wait_for("the veth to die with the netns", lambda: link(nic.peer_ns, "gw0") is None)
-    out = await engine.detach(cfg, nic.pod_path)
+    out = await engine.detach_outcome(cfg, nic.pod_path)
     assert out.ok and out.state == ReturnState.GONE
     assert "veth" in out.note and "physical NIC" in out.note
     assert await engine.locate(cfg, nic.pod_path) == Location.MISSING
@@ -433,12 +455,12 @@ async def test_device_the_kernel_gave_back_is_renamed_and_set_up(nic: Nic, engin
     """What a physical NIC does when its netns dies: it comes back to the host netns by
     itself under its pod-side name, down. Done by hand here (a veth would die)."""
     cfg = nic.config(full_config(nic))
-    assert (await engine.attach(cfg, nic.pod_path)).ok
+    assert (await engine.attach_outcome(cfg, nic.pod_path)).ok
     sh("ip", "-n", nic.pod_ns, "link", "set", "net1", "netns", "1")
     sh("ip", "netns", "del", nic.pod_ns)
     assert link(None, "net1") is not None
     assert await engine.locate(cfg, nic.pod_path) == Location.HOST
-    out = await engine.detach(cfg, "")
+    out = await engine.detach_outcome(cfg, "")
     assert out.ok and out.state == ReturnState.RECLAIMED, out
     assert link(None, "net1") is None
     assert_back_on_host(nic, with_addresses=False)
@@ -446,14 +468,14 @@ async def test_device_the_kernel_gave_back_is_renamed_and_set_up(nic: Nic, engin
 
 async def test_device_renamed_in_the_pod_is_found_by_altname_or_mac(nic: Nic, engine: NetdevEngine) -> None:
     cfg = nic.config(full_config(nic))
-    out = await engine.attach(cfg, nic.pod_path)
+    out = await engine.attach_outcome(cfg, nic.pod_path)
     sh("ip", "-n", nic.pod_ns, "link", "set", "net1", "down")
     sh("ip", "-n", nic.pod_ns, "link", "set", "net1", "name", "renamed0")
-    back = await engine.detach(cfg, nic.pod_path)
+    back = await engine.detach_outcome(cfg, nic.pod_path)
     assert back.ok and back.state == ReturnState.RETURNED
     assert_back_on_host(nic, with_addresses=False)
 
-    assert (await engine.attach(cfg, nic.pod_path)).ok
+    assert (await engine.attach_outcome(cfg, nic.pod_path)).ok
     sh("ip", "-n", nic.pod_ns, "link", "set", "net1", "down")
     sh("ip", "-n", nic.pod_ns, "link", "set", "net1", "name", "renamed1")
     sh("ip", "-n", nic.pod_ns, "link", "property", "del", "dev", "renamed1", "altname", f"dranet-{nic.host}")
@@ -461,7 +483,7 @@ async def test_device_renamed_in_the_pod_is_found_by_altname_or_mac(nic: Nic, en
     result = store_pb2.AttachResult(
         device=cfg.device, host_ifname=nic.host, interface_name="net1", hardware_address=out.hardware_address
     )
-    back = await engine.detach(result, nic.pod_path)
+    back = await engine.detach_outcome(result, nic.pod_path)
     assert back.ok and back.state == ReturnState.RETURNED, back
     assert link(None, nic.host) is not None
 
@@ -477,14 +499,14 @@ async def test_ethtool_features_are_set_in_the_pod_and_private_flags_fail_cleanl
 
     pod = full_config(nic)
     pod["ethtool"] = {"features": {"tx-checksum-ip-generic": False, "tso": False}}
-    out = await engine.attach(nic.config(pod), nic.pod_path)
+    out = await engine.attach_outcome(nic.config(pod), nic.pod_path)
     assert out.ok, out.error
     assert in_netns(nic.pod_path, lambda: feature("tx-checksum-ip-generic")) is False
     assert in_netns(nic.pod_path, lambda: feature("tx-tcp-segmentation")) is False  # "tso" expanded
-    assert (await engine.detach(nic.config(pod), nic.pod_path)).ok
+    assert (await engine.detach_outcome(nic.config(pod), nic.pod_path)).ok
 
     pod["ethtool"] = {"privateFlags": {"some-flag": True}}
-    out = await engine.attach(nic.config(pod), nic.pod_path)
+    out = await engine.attach_outcome(nic.config(pod), nic.pod_path)
     assert not out.ok and "private flag(s) some-flag not supported (interface has: none)" in out.error
     assert_back_on_host(nic, with_addresses=True)
 
@@ -549,7 +571,7 @@ async def test_ebpf_programs_are_detached(nic: Nic, engine: NetdevEngine) -> Non
         pod = full_config(nic)
         pod["interface"]["disableEbpfPrograms"] = True
         cfg = nic.config(pod)
-        out = await engine.attach(cfg, nic.pod_path)
+        out = await engine.attach_outcome(cfg, nic.pod_path)
         assert out.ok, out.error
         # The move already dropped the qdisc (and its tc filters); TCX survived it
         # and was detached in the pod: the program and the link.
@@ -561,7 +583,7 @@ async def test_ebpf_programs_are_detached(nic: Nic, engine: NetdevEngine) -> Non
         add_tc_bpf(nic.pod_ns, "net1")
         fds += in_netns(nic.pod_path, lambda: attach_tcx("net1"))
         assert len(tc_bpf_filters(nic.pod_ns, "net1")) == 2
-        again = await engine.attach(cfg, nic.pod_path)
+        again = await engine.attach_outcome(cfg, nic.pod_path)
         assert again.ok and again.converged, again.error
         assert tc_bpf_filters(nic.pod_ns, "net1") == []
         assert in_netns(nic.pod_path, lambda: tcx_programs("net1")) == []
@@ -589,7 +611,7 @@ async def test_vrf(nic: Nic, engine: NetdevEngine) -> None:
     pod = full_config(nic)
     pod["interface"]["vrf"] = {"name": "blue", "table": 1100}
     del pod["rules"]
-    out = await engine.attach(nic.config(pod), nic.pod_path)
+    out = await engine.attach_outcome(nic.config(pod), nic.pod_path)
     if kernel_has("vrf"):
         assert out.ok, out.error
         vrf = link(nic.pod_ns, "blue")
@@ -606,13 +628,13 @@ async def test_vrf(nic: Nic, engine: NetdevEngine) -> None:
 async def test_ipvlan_child(nic: Nic, engine: NetdevEngine) -> None:
     pod = {"interface": {"type": "IPVLAN", "name": "net1", "addresses": [f"198.18.{nic.net}.6/24"]}}
     cfg = nic.config(pod)
-    out = await engine.attach(cfg, nic.pod_path)
+    out = await engine.attach_outcome(cfg, nic.pod_path)
     if kernel_has("ipvlan"):
         assert out.ok, out.error
         child = link(nic.pod_ns, "net1")
         assert child is not None and child["linkinfo"]["info_kind"] == "ipvlan"
         assert child["address"] == nic.mac and link(None, nic.host) is not None
-        assert (await engine.detach(cfg, nic.pod_path)).state == ReturnState.RETURNED
+        assert (await engine.detach_outcome(cfg, nic.pod_path)).state == ReturnState.RETURNED
         assert link(nic.pod_ns, "net1") is None
         return
     assert not out.ok and out.failed_step.startswith(f"create ipvlan child net1 of host {nic.host}")
@@ -643,7 +665,7 @@ async def test_child_creation_path_with_macvlan(
         "routes": [{"destination": "203.0.113.0/24", "gateway": nic.gw}],
     }
     cfg = nic.config(pod)
-    out = await engine.attach(cfg, nic.pod_path)
+    out = await engine.attach_outcome(cfg, nic.pod_path)
     assert out.ok, out.error
     child = link(nic.pod_ns, "net1")
     assert child is not None and child["linkinfo"]["info_kind"] == "macvlan" and child["mtu"] == 1400
@@ -651,18 +673,18 @@ async def test_child_creation_path_with_macvlan(
     assert ipj(nic.pod_ns, "route", "show", "203.0.113.0/24")
     assert ping(nic.pod_ns, nic.gw)
     assert link(None, nic.host) is not None and nic.host_ip in addrs(None, nic.host), "the parent moved"
-    again = await engine.attach(cfg, nic.pod_path)
+    again = await engine.attach_outcome(cfg, nic.pod_path)
     assert again.ok and again.converged, again.error
-    back = await engine.detach(cfg, nic.pod_path)
+    back = await engine.detach_outcome(cfg, nic.pod_path)
     assert back.ok and back.state == ReturnState.RETURNED, back
     assert link(nic.pod_ns, "net1") is None
-    assert (await engine.detach(cfg, nic.pod_path)).state == ReturnState.ALREADY_ON_HOST
+    assert (await engine.detach_outcome(cfg, nic.pod_path)).state == ReturnState.ALREADY_ON_HOST
 
 
 async def test_rdma_exclusive_without_rdma_netlink_rolls_back(nic: Nic, engine: NetdevEngine) -> None:
     cfg = nic.config(full_config(nic), rdma_netns_mode="exclusive")
     cfg.rdma.link_dev = "mlx5_dn0"
-    out = await engine.attach(cfg, nic.pod_path)
+    out = await engine.attach_outcome(cfg, nic.pod_path)
     assert not out.ok and out.failed_step == "move RDMA device mlx5_dn0 from host netns to pod netns"
     assert "RDMA" in out.error
     assert_back_on_host(nic, with_addresses=True)
@@ -674,10 +696,14 @@ async def test_two_devices_into_one_pod_concurrently(engine: NetdevEngine) -> No
     try:
         cfg_a = a.config({"interface": {"name": "net1", "addresses": [f"198.18.{a.net}.5/24"]}})
         cfg_b = b.config({"interface": {"name": "net2", "addresses": [f"198.18.{b.net}.5/24"]}})
-        outs = await asyncio.gather(engine.attach(cfg_a, a.pod_path), engine.attach(cfg_b, a.pod_path))
+        outs = await asyncio.gather(
+            engine.attach_outcome(cfg_a, a.pod_path), engine.attach_outcome(cfg_b, a.pod_path)
+        )
         assert all(o.ok for o in outs), [o.error for o in outs]
         assert link(a.pod_ns, "net1") is not None and link(a.pod_ns, "net2") is not None
-        backs = await asyncio.gather(engine.detach(cfg_a, a.pod_path), engine.detach(cfg_b, a.pod_path))
+        backs = await asyncio.gather(
+            engine.detach_outcome(cfg_a, a.pod_path), engine.detach_outcome(cfg_b, a.pod_path)
+        )
         assert [r.state for r in backs] == [ReturnState.RETURNED, ReturnState.RETURNED]
         assert link(None, a.host) is not None and link(None, b.host) is not None
     finally:
@@ -687,12 +713,12 @@ async def test_two_devices_into_one_pod_concurrently(engine: NetdevEngine) -> No
 
 async def test_bad_netns_paths_are_refused_and_never_created(nic: Nic, engine: NetdevEngine) -> None:
     missing = f"/var/run/netns/dn-missing-{uuid.uuid4().hex[:6]}"
-    out = await engine.attach(nic.config({}), missing)
+    out = await engine.attach_outcome(nic.config({}), missing)
     assert not out.ok and "does not exist" in out.error and missing in out.error
     assert not exists(missing)
-    out = await engine.attach(nic.config({}), "/proc/self/ns/net")
+    out = await engine.attach_outcome(nic.config({}), "/proc/self/ns/net")
     assert not out.ok and "host network namespace" in out.error
-    out = await engine.attach(nic.config({}), "/etc/hostname")
+    out = await engine.attach_outcome(nic.config({}), "/etc/hostname")
     assert not out.ok and "not a namespace" in out.error
     assert nic.host_ip in addrs(None, nic.host)
 
@@ -714,12 +740,12 @@ async def test_rdma_only_device(engine: NetdevEngine, mode: str, ok: bool) -> No
     try:
         cfg = store_pb2.DeviceConfig(device="mlx5-dn0", host_ifname="", rdma_netns_mode=mode)
         cfg.rdma.link_dev = "mlx5_dn0"
-        out = await engine.attach(cfg, f"/var/run/netns/{ns}")
+        out = await engine.attach_outcome(cfg, f"/var/run/netns/{ns}")
         if ok:
             # Shared mode: nothing moves; the device files are the whole attach.
             assert out.ok and out.steps == () and out.interface_name == ""
             assert [(c.type, c.reason) for c in out.conditions] == [("Ready", "RDMAOnlyDeviceReady")]
-            back = await engine.detach(cfg, f"/var/run/netns/{ns}")
+            back = await engine.detach_outcome(cfg, f"/var/run/netns/{ns}")
             assert back.ok and back.state == ReturnState.NOTHING
         else:
             # Exclusive mode moves the RDMA link: there is no such device (and this

@@ -240,7 +240,7 @@ async def test_prepare_stores_the_lease_and_attach_applies_it(stack: Stack) -> N
     pod_path = f"/var/run/netns/{pod_ns}"
     engine = NetdevEngine(host_netns=n.node_path)
     try:
-        out = await engine.attach(stored, pod_path)
+        out = await engine.attach_outcome(stored, pod_path)
         assert out.ok, (out.error, out.failed_step, out.steps)
         assert out.ips == (leased,)
         assert addrs(pod_ns, "net1") == [leased]
@@ -250,7 +250,7 @@ async def test_prepare_stores_the_lease_and_attach_applies_it(stack: Stack) -> N
             ("203.0.113.0/24", f"{n.prefix}.1", "global"),
         } <= routes(pod_ns, "net1")
         assert attach_env.ping(pod_path, n.server_ip)
-        back = await engine.detach(stored, pod_path)
+        back = await engine.detach_outcome(stored, pod_path)
         assert not back.error
     finally:
         engine.close()
@@ -277,14 +277,14 @@ async def test_prepare_with_option_3_only_gives_the_pod_a_default_route(stack: S
     pod_ns = n.pod_ns()
     engine = NetdevEngine(host_netns=n.node_path)
     try:
-        out = await engine.attach(stored, f"/var/run/netns/{pod_ns}")
+        out = await engine.attach_outcome(stored, f"/var/run/netns/{pod_ns}")
         assert out.ok, (out.error, out.failed_step)
         # No name configured: the interface keeps its host name in the Pod.
         assert ("default", n.server_ip, "global") in routes(pod_ns, n.nic)
         # Reached through the default route: an address off the leased subnet.
         attach_env.ip("-n", n.srv_ns, "addr", "add", "192.0.2.77/32", "dev", n.srv_if)
         assert attach_env.ping(f"/var/run/netns/{pod_ns}", "192.0.2.77")
-        assert not (await engine.detach(stored, f"/var/run/netns/{pod_ns}")).error
+        assert not (await engine.detach_outcome(stored, f"/var/run/netns/{pod_ns}")).error
     finally:
         engine.close()
 

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from services.attach import netdev_nl as nl
 from services.attach.netdev_nl import Message, NetlinkError, NlSocket
+from shared.rtnl import codec as nl
 
 
 def hdr(length: int, mtype: int, flags: int, seq: int) -> bytes:

@@ -9,10 +9,11 @@ from collections.abc import Iterator
 import pytest
 
 from services.inventory import rtnl
+from shared.rtnl import codec
 
 
 def attr(kind: int, payload: bytes) -> bytes:
-    return rtnl._nlattr(kind, payload)
+    return codec.attr(kind, payload)
 
 
 def u32(v: int) -> bytes:

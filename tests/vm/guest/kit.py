@@ -7,9 +7,9 @@ service stack wired in one process as production wires it across four.
   default publish filter, the RDMA netns mode read once at start),
 - prepare (services.prepare.pipeline.Preparer) talking to both over gRPC, with the claims
   served by ``FakeKube`` (there is no API server in the guest),
-- attach (services.attach.hooks.AttachHooks with the real netlink engine behind
-  NetdevBridge, and the StoreWriter), driven with NRI PodSandbox messages as containerd
-  would send them (there is no containerd in the guest).
+- attach (services.attach.hooks.AttachHooks with the real netlink engine,
+  services.attach.netdev.NetdevEngine, and the StoreWriter), driven with NRI PodSandbox
+  messages as containerd would send them (there is no containerd in the guest).
 
 One process, because every Python start costs about 25 s under TCG; the code paths are the
 services' own.
@@ -35,7 +35,6 @@ from typing import Any, TypeVar
 
 from proto.dranet.store.v1 import store_pb2 as st
 from proto.nri.v1alpha1 import nri_pb2
-from services.attach.enginebridge import NetdevBridge
 from services.attach.hooks import AttachHooks, HookConfig
 from services.attach.netdev import NetdevEngine
 from services.attach.netns import open_netns, setns
@@ -419,9 +418,7 @@ class Stack:
         self.engine = NetdevEngine()
         self.writer = StoreWriter(self.store)
         self.writer.start()
-        self.hooks = AttachHooks(
-            self.store, NetdevBridge(self.engine), self.writer, HookConfig(stop_budget_s=30)
-        )
+        self.hooks = AttachHooks(self.store, self.engine, self.writer, HookConfig(stop_budget_s=30))
         return self
 
     async def _serve(self, server: UdsServer) -> None:
