@@ -131,7 +131,7 @@ async def test_the_engine_refuses_it_too_though_the_kernel_would_not(stack: Stac
         rdma_netns_mode="shared",
     )
     with netns() as ns:
-        out = await stack.engine.attach(cfg, netns_path(ns))
+        out = await stack.engine.attach_outcome(cfg, netns_path(ns))
         assert not out.ok and out.failed_step == "plan"
         assert "interface.mtu 9000 exceeds the parent's MTU 1500" in out.error and uplink.host in out.error
         assert link(ns, "net1") is None and addrs(None, uplink.host) == {uplink.host_ip}
