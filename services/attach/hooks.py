@@ -131,6 +131,9 @@ class AttachHooks(NriHandlers):
         self._recovered = asyncio.Event()
         self._recovered.set()
         self._recovery: asyncio.Task[None] | None = None
+        # Set once a recovery has read the store since this process started: until then the
+        # attach records of a gone pod are the only note of where its devices are.
+        self._recovered_once = asyncio.Event()
         self.recovery = RecoveryReport()
         self.pins = NetnsPins(self.config.pin_dir or None)
 
@@ -504,7 +507,12 @@ class AttachHooks(NriHandlers):
     async def collect_garbage(self, retry_max_s: float = 5.0) -> None:
         """Clears the attach state of pods that hold no device once prepare removed
         their configs (NodeUnprepare), so no record outlives its pod: e.g. the
-        error of a pod that never started. Watches the store; runs until cancelled."""
+        error of a pod that never started. Watches the store; runs until cancelled.
+
+        Starts after the first recovery of this process and waits for each later one: the
+        records of a pod stopped and unprepared while attach was down tell the recovery which
+        devices to give back (through the netns pin); cleared first, they would stay there."""
+        await self._recovered_once.wait()
         delay = 0.1
         while True:
             try:
@@ -525,10 +533,13 @@ class AttachHooks(NriHandlers):
             delay = min(delay * 2, retry_max_s)
 
     async def _collect(self, uid: str) -> None:
+        await self._recovered.wait()
         async with self._locks.hold(uid):
             track = self.pods.get(uid)
             if track is not None and track.attached:
                 return
+            if self.pins.of_pod(uid):
+                return  # a netns of the pod may hold our devices: the recovery gives them back
             state = await self.store.get_pod(uid)
             if state.devices or not (state.results or state.activity.last_nri_activity_unix_nano):
                 return
@@ -607,6 +618,7 @@ class AttachHooks(NriHandlers):
         finally:
             self.recovery = report
             self._recovered.set()
+            self._recovered_once.set()
         log.info(
             "recovery done",
             # counts has "lost" (one per lost device) with the other outcomes.

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import json
 import os
 import random
@@ -36,9 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 from dev.cluster.containerd import BRIDGE_PREFIX
 from dev.cluster.install import NAMESPACE, Installed
-from dev.cluster.kube import KubeCluster
+from dev.cluster.kube import ClusterError, KubeCluster
 from shared.storeclient import StoreClient
 from tests.support.kube import Kube, addresses, ip_json, link
 
@@ -384,12 +387,14 @@ class Churn:
         # The API may still say Running while a fault has just taken the sandbox down (a reboot
         # kills it before the kubelet notices): nothing runs there then. Check the sandbox the
         # kubelet builds next; none within the grace: nothing to check (counted, not a breach).
+        # The lookup itself meets the faults too: containerd refusing CRI while it restarts,
+        # the API server away; both are retried within the same grace.
         deadline = time.monotonic() + self.late_grace_s
         while True:
             try:
                 netns = await self.k.pod_netns(name)
                 break
-            except AssertionError:
+            except (AssertionError, grpc.aio.AioRpcError, ClusterError, OSError, http.client.HTTPException):
                 if time.monotonic() > deadline:
                     self.report.running_without_sandbox += 1
                     return

@@ -441,6 +441,8 @@ async def test_hooks_wait_for_recovery_to_finish(world: World) -> None:
 
 
 async def test_a_failed_sandbox_keeps_its_error_until_prepare_lets_the_pod_go(world: World) -> None:
+    await world.hooks.synchronize([], [])  # attach registered with the runtime (GC waits for that)
+    await world.hooks.wait_recovered(5)
     await world.prepare("p8", "eth1")
     world.engine.fail_attach["eth1"] = "no such device"
     pod = world.pod("p8", world.netns())
@@ -464,3 +466,37 @@ async def test_a_failed_sandbox_keeps_its_error_until_prepare_lets_the_pod_go(wo
         gc.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await gc
+
+
+async def test_records_of_a_pod_unprepared_while_attach_was_down_wait_for_the_recovery(world: World) -> None:
+    """Attach died with eth1 in p10; the runtime stopped the pod without us and the kubelet
+    unprepared it (prepare removed the configs). The restarted attach's garbage collection
+    must leave p10's records to its recovery, which gives eth1 back; cleared first, nothing
+    would say where eth1 is (found by the churn: a veth lost that way)."""
+    await world.prepare("p10", "eth1")
+    ns = world.netns()
+    await world.hooks.run_pod_sandbox(world.pod("p10", ns))
+    assert (await world.results("p10"))["eth1"].attached
+    os.remove(ns)  # the runtime removed the netns; the device fell back to the host unnoticed
+    await world.store.delete_claim("c-eth1")  # NodeUnprepare
+    later = AttachHooks(world.store, world.engine, world.writer, HookConfig(stop_budget_s=1.0))
+    gc = asyncio.create_task(later.collect_garbage())
+    try:
+        await asyncio.sleep(0.5)  # the store answers at once: a GC that did not wait has run
+        kept = (await world.results("p10")).get("eth1")
+        assert kept is not None and kept.attached, "GC cleared the records before the recovery"
+        await later.synchronize([], [])
+        report = await later.wait_recovered(10)
+        assert world.engine.where["eth1"] == HOST
+        assert report.counts["returned"] == 1
+
+        async def cleared() -> bool:
+            state = await world.store.get_pod("p10")
+            return not state.results and not state.activity.revision
+
+        await wait_for(cleared, 10, "attach state of p10 cleared")
+    finally:
+        gc.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await gc
+        await later.close()

@@ -102,6 +102,32 @@ async def test_a_pod_stopped_while_attach_is_down_gets_its_device_back_through_t
     assert nic.on_host() and _pins(world) == []
 
 
+async def test_a_pod_stopped_and_unprepared_while_attach_is_down_still_gets_its_device_back(
+    world: World,
+) -> None:
+    """The kubelet unprepares the claim right after the stop (prepare deletes its configs), so
+    the restarted attach finds attach records of a pod that is no longer prepared. Its garbage
+    collection must not clear them before the recovery has given the NIC back through the pin
+    (found by the churn: the records went first, the pin was dropped, the veth died)."""
+    nic = world.nics.make(63)
+    pod = PodId.new("unprepared-while-down")
+    cfg = await world.put(pod, nic, simple_config(nic))
+    sid, netns = await env.run_pod(world.cri, world.ctrd, pod)
+    assert in_pod(netns, nic)
+    world.attach.kill()
+    await env.wait_liveness(world.store, connected=False)
+    await env.stop_pod(world.cri, sid)
+    await world.store.delete_claim(cfg.claim.uid)  # prepare's NodeUnprepare
+    assert _pins(world) == [f"{pod.uid}_{sid}"] and not nic.on_host()
+
+    world.attach.start()
+    await world.ready()
+    assert nic.on_host(), "the NIC did not come back"
+    assert _pins(world) == []
+    state = await world.store.get_pod(pod.uid)
+    assert not state.results and not state.devices  # nothing of the pod is left on record
+
+
 async def test_without_pins_the_same_stop_loses_the_veth_and_says_so(world_without_pins: World) -> None:
     """What the pins prevent: the veth died with the netns; attach reports it lost."""
     w = world_without_pins
