@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar
@@ -54,6 +54,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DRIVER = "dra.net"
+# How many finished pods attach remembers (a late Stop/Remove of theirs is then a no-op).
+FINISHED_KEPT = 4096
 
 
 def linux_device(node: DeviceNode) -> nri_pb2.LinuxDevice:
@@ -134,6 +136,9 @@ class AttachHooks(NriHandlers):
         # Set once a recovery has read the store since this process started: until then the
         # attach records of a gone pod are the only note of where its devices are.
         self._recovered_once = asyncio.Event()
+        # Pods whose attach state was cleared after prepare let them go: a late Stop or Remove
+        # of theirs needs no store read (which may not answer in time while the node is busy).
+        self._finished: OrderedDict[str, None] = OrderedDict()
         self.recovery = RecoveryReport()
         self.pins = NetnsPins(self.config.pin_dir or None)
 
@@ -270,6 +275,7 @@ class AttachHooks(NriHandlers):
         await self._recovered.wait()
         uid = pod.uid
         async with self._locks.hold(uid):
+            self._finished.pop(uid, None)
             try:
                 state = await self._read_pod(pod, "RunPodSandbox")
             except TtrpcError:
@@ -411,9 +417,10 @@ class AttachHooks(NriHandlers):
             async with asyncio.timeout(self.config.stop_budget_s / 2):
                 state = await self.store.get_pod(pod.uid)
         except (StoreCallError, TimeoutError) as exc:
+            why = str(exc) or f"the store did not answer within {self.config.stop_budget_s / 2:g}s"
             log.error(
-                "cannot read the pod's attach state; its devices stay where they are",
-                extra={**self._fields(pod), "error": str(exc)},
+                "cannot read the pod's attach state from the store; its devices stay where they are",
+                extra={**self._fields(pod), "error": why},
             )
             return None
         track = PodTrack.of(pod, self.pins)
@@ -427,6 +434,9 @@ class AttachHooks(NriHandlers):
         await self._recovered.wait()
         async with self._locks.hold(pod.uid):
             track = self.pods.get(pod.uid)
+            if track is None and pod.uid in self._finished:
+                mark_noop()
+                return
             if track is None:
                 track = await self._track_from_store(pod)
                 if track is None or not track.attached:
@@ -455,6 +465,9 @@ class AttachHooks(NriHandlers):
                     extra={**self._fields(pod), "sandbox": pod.id[:13], "current": track.sandbox_id[:13]},
                 )
                 return
+            if track is None and pod.uid in self._finished:
+                mark_noop()
+                return
             if track is None:
                 # A pod we never saw (attach restarted and missed it): ask the store.
                 track = await self._track_from_store(pod)
@@ -471,6 +484,7 @@ class AttachHooks(NriHandlers):
                 if track.attached:
                     return  # keep the books: the runtime's retry finds them again
             self._drop(pod.uid)
+            self._remember_finished(pod.uid)
             if track.failed:
                 # Keep why it failed for the claim status; the next attach overwrites
                 # it, or it goes when prepare removes the pod's configs (collect_garbage).
@@ -546,6 +560,13 @@ class AttachHooks(NriHandlers):
             self._drop(uid)
             log.info("pod no longer prepared: clearing its attach state", extra=log_fields(pod_uid=uid))
             self.writer.clear(uid)
+            self._remember_finished(uid)
+
+    def _remember_finished(self, uid: str) -> None:
+        self._finished[uid] = None
+        self._finished.move_to_end(uid)
+        while len(self._finished) > FINISHED_KEPT:
+            self._finished.popitem(last=False)
 
     # -- Synchronize -------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from services.attach.hooks import AttachHooks, HookConfig
 from services.attach.nri.ttrpc import TtrpcError
 from services.attach.writer import StoreWriter
 from shared.attachplan import DeviceNode, container_devices
-from shared.storeclient import StoreClient
+from shared.storeclient import StoreCallError, StoreClient
 from tests.integration.attach.attach_env import wait_for
 
 HOST = "host"
@@ -500,3 +500,45 @@ async def test_records_of_a_pod_unprepared_while_attach_was_down_wait_for_the_re
         with contextlib.suppress(asyncio.CancelledError):
             await gc
         await later.close()
+
+
+async def test_a_late_stop_of_a_finished_pod_needs_no_store(
+    world: World, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runtime may send Stop or Remove again after the pod's state was cleared (after its
+    claim was unprepared). Attach remembers the pod finished and answers without a store read:
+    a store that is slow or away right then is no reason for an ERROR line (found by the churn:
+    "cannot read the pod's attach state", on a busy node, for a pod long done)."""
+    await world.hooks.synchronize([], [])
+    await world.hooks.wait_recovered(5)
+    await world.prepare("p11", "eth1")
+    pod = world.pod("p11", world.netns())
+    await world.hooks.run_pod_sandbox(pod)
+    await world.hooks.stop_pod_sandbox(pod)
+    await world.hooks.remove_pod_sandbox(pod)
+    assert world.engine.where["eth1"] == HOST
+    gc = asyncio.create_task(world.hooks.collect_garbage())
+    try:
+        await asyncio.sleep(0.2)
+        await world.store.delete_claim("c-eth1")  # NodeUnprepare
+
+        async def cleared() -> bool:
+            state = await world.store.get_pod("p11")
+            return not state.results and not state.activity.revision
+
+        await wait_for(cleared, 10, "attach state of p11 cleared")
+    finally:
+        gc.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await gc
+
+    async def away(uid: str) -> st.PodState:
+        raise StoreCallError("UNAVAILABLE", "the store is away")
+
+    monkeypatch.setattr(world.store, "get_pod", away)
+    calls = len(world.engine.calls)
+    with caplog.at_level(logging.INFO, logger="services.attach.hooks"):
+        await world.hooks.stop_pod_sandbox(pod)
+        await world.hooks.remove_pod_sandbox(pod)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert len(world.engine.calls) == calls
