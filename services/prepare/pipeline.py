@@ -1,15 +1,15 @@
 """NodePrepareResources and NodeUnprepareResources for dra.net claims.
 
 Per claim: read it from the API server (the UID must match what the kubelet
-asked for), and for each allocation result of this driver run the seed's
-pipeline — pick the opaque config, merge it onto the provider config, resolve a
-profile, default and validate again (a failure releases the profile), take a
-DHCP lease for interface.dhcp (services/prepare/dhcp.py), add the host
-snapshot — then save one DeviceConfig per pod and device in the store. With
-PersistentResourceSliceAttributes each device's published form, as the inventory
-answered the lookup, is saved with it (a KeptDevice in the same store transaction),
-so the inventory keeps it in the ResourceSlice while it is in the Pod; unprepare's
-DeleteClaim removes both.
+asked for), and for each allocation result of this driver look the device up in
+the inventory and the store and run the seed's pipeline (shared/prepareplan.py
+decides; this module does its I/O): resolve a profile when the merged config names
+one (a later failure releases it), take a DHCP lease for interface.dhcp
+(services/prepare/dhcp.py), then save one DeviceConfig per pod and device in the
+store. With PersistentResourceSliceAttributes each device's published form, as the
+inventory answered the lookup, is saved with it (a KeptDevice in the same store
+transaction), so the inventory keeps it in the ResourceSlice while it is in the Pod;
+unprepare's DeleteClaim removes both.
 Errors are per claim and name the claim, the request, the device and the field;
 a failing claim stores nothing and does not disturb the others.
 """
@@ -21,7 +21,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from proto.dranet.inventory.v1 import inventory_pb2 as inv
@@ -30,17 +30,21 @@ from services.prepare.dhcp import DhcpClient, DhcpError
 from services.prepare.inventory_client import InventoryClient, InventoryError
 from services.prepare.kube import Kube, KubeError
 from shared.logs import log_fields
-from shared.netconfig import ConfigError, FieldError, InterfaceType, NetworkConfig, parse_network_config
-from shared.netconfig.merge import merge
-from shared.netconfig.model import InterfaceConfig, NeighborConfig, RouteConfig, RuleConfig
-from shared.netconfig.pick import pick_config
-from shared.netconfig.snapshot import HostSnapshot, apply_host_snapshot
-from shared.netconfig.validate import finalize, validate_rdma_only
+from shared.netconfig import NetworkConfig, parse_network_config
+from shared.prepareplan import (
+    Allocated,
+    DeviceInputs,
+    Lease,
+    NeedsLease,
+    NeedsProfile,
+    PlanError,
+    merge_profile_answer,
+    plan_device,
+    provisional_record,
+)
 from shared.storeclient import StoreCallError, StoreClient
 
 log = logging.getLogger(__name__)
-
-RDMA_EXCLUSIVE = "exclusive"
 
 
 @dataclass(frozen=True)
@@ -288,14 +292,13 @@ class Preparer:
     ) -> tuple[st.DeviceConfig, st.KeptDevice | None]:
         """The device's config, and (PersistentResourceSliceAttributes) the device as the
         inventory publishes it; no KeptDevice for a config already stored (its own was saved
-        with it)."""
-        request = result.get("request", "")
-        device = result.get("device", "")
-        where = f"request {request} device {device}"
-        if result.get("pool") != self.node_name:
-            raise ClaimError(
-                f"{where}: allocated from pool {result.get('pool')!r}, not from this node's pool {self.node_name!r}"
-            )
+        with it). The decisions are shared/prepareplan.py's; this does their I/O."""
+        allocated = Allocated.from_result(result)
+        device, where = allocated.device, allocated.where
+        try:
+            allocated.check_pool(self.node_name)
+        except PlanError as exc:
+            raise ClaimError(str(exc)) from None
 
         # Both lookups at once; the inventory's answer is unused when the device
         # is already prepared, which costs nothing but saves a round trip otherwise.
@@ -324,198 +327,82 @@ class Preparer:
             raise ClaimError(f"{where}: no such device on node {self.node_name} (it vanished or was renamed)")
 
         t_pipe = time.perf_counter()
+        inputs = DeviceInputs(
+            claim=st.ClaimRef(uid=ref.uid, namespace=ref.namespace, name=ref.name),
+            pod=pod,
+            allocated=allocated,
+            entries=entries,
+            dev=dev,
+            node=node,
+            driver=self.driver,
+            node_name=self.node_name,
+        )
         profile_owned: st.DeviceConfig | None = existing
+        profiled: NetworkConfig | None = None
         if existing is not None:
             # A provisional record left by an earlier attempt: resume after the
             # profile step with the profile it already holds.
-            merged = parse_network_config(existing.pod_config_json) or NetworkConfig()
-        else:
-            picked = pick_config(entries, request, self.driver)
+            profiled = parse_network_config(existing.pod_config_json) or NetworkConfig()
+        lease: Lease | None = None
+        while True:
             try:
-                picked.raise_for_errors(where)
-            except ConfigError as exc:
-                raise ClaimError(str(exc)) from None
-            user = picked.config
-            if dev.rdma_only:
-                _raise_field_errors(where, validate_rdma_only(user))
-            try:
-                provider = (
-                    parse_network_config(dev.provider_config_json) if dev.provider_config_json else None
+                step = plan_device(
+                    inputs,
+                    profiled=profiled,
+                    lease=lease,
+                    now_unix_nano=time.time_ns(),
+                    keep=self.keep_devices,
                 )
-            except ConfigError as exc:
-                raise ClaimError(f"{where}: the provider config is invalid: {exc}") from None
-            merged = merge(user, provider)
-            if merged.profile:
-                profile_owned = await self._resolve_profile(ref, pod, result, dev, merged, node, where)
-                merged = parse_network_config(profile_owned.pod_config_json) or NetworkConfig()
-
-        try:
-            final = finalize(merged)
-            self._check_against_device(final, dev, node, where)
-        except (ConfigError, ClaimError) as exc:
-            if profile_owned is not None:
-                await self._release_profiles([profile_owned], delete=True)
-            msg = str(exc) if isinstance(exc, ClaimError) else f"{where}: {exc}"
-            raise ClaimError(msg) from None
-        if final.interface.dhcp is True:
-            final = await self._lease(final, dev, where, profile_owned)
-
-        snap = dev.snapshot
-        final = apply_host_snapshot(final, _host_snapshot(snap))
-        if dev.ifname and not final.interface.name:
-            # Without a name in the config the interface keeps its host name.
-            final = replace(final, interface=replace(final.interface, name=dev.ifname))
-        host = NetworkConfig(
-            interface=InterfaceConfig(
-                name=dev.ifname,
-                mtu=snap.mtu or None,
-                hardware_addr=snap.hardware_addr or None,
-                addresses=tuple(a.cidr for a in snap.addresses),
-            ),
-            routes=tuple(_route(r) for r in snap.routes),
-            rules=tuple(_rule(r) for r in snap.rules),
-        )
-        cfg = st.DeviceConfig(
-            pod=pod,
-            device=device,
-            claim=st.ClaimRef(uid=ref.uid, namespace=ref.namespace, name=ref.name),
-            request=request,
-            driver=self.driver,
-            pool=self.node_name,
-            host_ifname=dev.ifname,
-            pod_config_json=final.to_json(),
-            host_config_json=host.to_json(),
-            rdma=st.RdmaConfig(
-                link_dev=snap.rdma_device or dev.rdma_device,
-                dev_chars=[
-                    st.LinuxDevice(
-                        path=d.path,
-                        type=d.type,
-                        major=d.major,
-                        minor=d.minor,
-                        file_mode=d.file_mode,
-                        uid=d.uid,
-                        gid=d.gid,
+            except PlanError as exc:
+                if profile_owned is not None:
+                    await self._release_profiles([profile_owned], delete=True)
+                raise ClaimError(str(exc)) from None
+            if isinstance(step, NeedsProfile):
+                profile_owned = await self._resolve_profile(inputs, step.config)
+                profiled = parse_network_config(profile_owned.pod_config_json) or NetworkConfig()
+            elif isinstance(step, NeedsLease):
+                lease = await self._lease(step.ifname, where, profile_owned)
+            else:
+                timings.pipeline += time.perf_counter() - t_pipe
+                if self.keep_devices and step.kept is None:
+                    log.warning(
+                        "the inventory did not say how it publishes the device; it leaves the "
+                        "ResourceSlice while in the Pod (is the inventory older than prepare?)",
+                        extra=log_fields(device=dev.name, claim_uid=ref.uid),
                     )
-                    for d in snap.rdma_dev_chars
-                ],
-            ),
-            profile=final.profile,
-            rdma_netns_mode=node.rdma_netns_mode or "shared",
-            prepared_unix_nano=time.time_ns(),
-        )
-        timings.pipeline += time.perf_counter() - t_pipe
-        return cfg, self._kept(cfg, dev)
+                return step.config, step.kept
 
-    def _kept(self, cfg: st.DeviceConfig, dev: inv.Device) -> st.KeptDevice | None:
-        if not self.keep_devices:
-            return None
-        if not dev.slice_entry_json:
-            log.warning(
-                "the inventory did not say how it publishes the device; it leaves the ResourceSlice "
-                "while in the Pod (is the inventory older than prepare?)",
-                extra=log_fields(device=dev.name, claim_uid=cfg.claim.uid),
-            )
-            return None
-        return st.KeptDevice(
-            device=cfg.device,
-            claim=cfg.claim,
-            pod_uid=cfg.pod.uid,
-            pool=cfg.pool,
-            device_json=dev.slice_entry_json,
-            kept_unix_nano=cfg.prepared_unix_nano,
-        )
-
-    async def _lease(
-        self, cfg: NetworkConfig, dev: inv.Device, where: str, profile_owned: st.DeviceConfig | None
-    ) -> NetworkConfig:
-        """interface.dhcp (dranet prepareResourceClaim): a DHCP lease on the host
-        interface, stored as the Pod's only address, its routes appended to the
-        configured ones (a configured route wins for the same destination and table).
-        Before the host snapshot, so host routes keep a source only if it is the lease's.
-        No lease: the claim fails (nothing is stored; a profile it holds goes back)."""
+    async def _lease(self, ifname: str, where: str, profile_owned: st.DeviceConfig | None) -> Lease:
+        """interface.dhcp (dranet prepareResourceClaim): a DHCP lease on the host interface
+        (shared/prepareplan.py apply_lease says how it enters the config). No lease: the
+        claim fails (nothing is stored; a profile it holds goes back)."""
         try:
-            lease = await self.dhcp.lease(dev.ifname)
+            got = await self.dhcp.lease(ifname)
         except DhcpError as exc:
             if profile_owned is not None:
                 await self._release_profiles([profile_owned], delete=True)
             raise ClaimError(f"{where}: interface.dhcp: {exc}") from None
-        keys = {(r.destination, r.table) for r in cfg.routes}
-        routes = cfg.routes + tuple(r for r in lease.routes if (r.destination, r.table) not in keys)
-        return replace(cfg, interface=replace(cfg.interface, addresses=(lease.address,)), routes=routes)
+        return Lease(address=got.address, routes=got.routes)
 
-    async def _resolve_profile(
-        self,
-        ref: ClaimRef,
-        pod: st.PodRef,
-        result: dict[str, Any],
-        dev: inv.Device,
-        merged: NetworkConfig,
-        node: inv.NodeInfo,
-        where: str,
-    ) -> st.DeviceConfig:
+    async def _resolve_profile(self, inputs: DeviceInputs, merged: NetworkConfig) -> st.DeviceConfig:
         """Ask the profile provider, merge its answer, and save a provisional record
         so that a crash before the final save cannot lead to a second allocation."""
-        if not node.has_profile_provider:
-            raise ClaimError(
-                f"{where}: profile {merged.profile!r} requested, but node {self.node_name} has no profile provider"
-            )
         config_json = await self.inventory.resolve_profile(
-            dev.name, ref.uid, pod.uid, merged.profile, merged.to_json()
+            inputs.dev.name, inputs.claim.uid, inputs.pod.uid, merged.profile, merged.to_json()
         )
-        provisional = st.DeviceConfig(
-            pod=pod,
-            device=dev.name,
-            claim=st.ClaimRef(uid=ref.uid, namespace=ref.namespace, name=ref.name),
-            request=result.get("request", ""),
-            driver=self.driver,
-            pool=self.node_name,
-            host_ifname=dev.ifname,
-            profile=merged.profile,
-            pod_config_json=merged.to_json(),
-            provisional=True,
-        )
+        provisional = provisional_record(inputs, merged)
         try:
-            profile_cfg = parse_network_config(config_json) if config_json else None
-        except ConfigError as exc:
+            answered = merge_profile_answer(inputs.where, merged, config_json)
+        except PlanError as exc:
             await self._release_profiles([provisional])
-            raise ClaimError(
-                f"{where}: profile {merged.profile!r} returned an invalid config: {exc}"
-            ) from None
-        provisional.pod_config_json = merge(merged, profile_cfg).to_json()
+            raise ClaimError(str(exc)) from None
+        provisional.pod_config_json = answered.to_json()
         try:
             await self.store.put_devices([provisional])
         except StoreCallError as exc:
             await self._release_profiles([provisional])
-            raise ClaimError(f"{where}: saving the allocated profile failed: {exc}") from None
+            raise ClaimError(f"{inputs.where}: saving the allocated profile failed: {exc}") from None
         return provisional
-
-    def _check_against_device(
-        self, cfg: NetworkConfig, dev: inv.Device, node: inv.NodeInfo, where: str
-    ) -> None:
-        """What only the inventory knows: MTU limits, IPvlan and RDMA constraints."""
-        itf = cfg.interface
-        snap = dev.snapshot
-        if dev.rdma_only:
-            _raise_field_errors(where, validate_rdma_only(replace(cfg, profile="")))
-            return
-        if not dev.ifname:
-            raise ClaimError(f"{where}: the device has no network interface")
-        if itf.mtu is not None and dev.is_sriov_vf:
-            pf_mtu = snap.pf_mtu or dev.pf_mtu
-            pf = snap.pf_ifname or dev.pf_ifname
-            if pf_mtu and itf.mtu > pf_mtu:
-                raise ClaimError(f"{where}: interface.mtu {itf.mtu} exceeds PF {pf} MTU {pf_mtu}")
-        if itf.effective_type == InterfaceType.IPVLAN:
-            if node.rdma_netns_mode == RDMA_EXCLUSIVE:
-                raise ClaimError(
-                    f"{where}: interface.type IPVLAN is not supported when the node's RDMA netns mode is exclusive"
-                )
-            parent_mtu = snap.mtu or dev.mtu
-            if itf.mtu is not None and parent_mtu and itf.mtu > parent_mtu:
-                raise ClaimError(
-                    f"{where}: interface.mtu {itf.mtu} exceeds parent {dev.ifname} MTU {parent_mtu}"
-                )
 
     async def _release_profiles(self, configs: Sequence[st.DeviceConfig], delete: bool = False) -> None:
         for cfg in configs:
@@ -561,29 +448,3 @@ class Preparer:
                 out[ref.uid] = f"claim {ref}: {exc}"
                 log.warning("unprepare failed", extra=log_fields(claim=str(ref), error=str(exc)))
         return out
-
-
-def _raise_field_errors(where: str, errors: list[FieldError]) -> None:
-    if errors:
-        raise ClaimError(f"{where}: " + "; ".join(str(e) for e in errors))
-
-
-def _route(r: inv.Route) -> RouteConfig:
-    return RouteConfig(
-        destination=r.destination, gateway=r.gateway, source=r.source, scope=r.scope, table=r.table
-    )
-
-
-def _rule(r: inv.Rule) -> RuleConfig:
-    return RuleConfig(priority=r.priority, source=r.source, destination=r.destination, table=r.table)
-
-
-def _host_snapshot(snap: inv.HostSnapshot) -> HostSnapshot:
-    return HostSnapshot(
-        addresses=tuple(a.cidr for a in snap.addresses),
-        routes=tuple(_route(r) for r in snap.routes),
-        rules=tuple(_rule(r) for r in snap.rules),
-        neighbors=tuple(
-            NeighborConfig(destination=n.destination, hardware_addr=n.hardware_addr) for n in snap.neighbors
-        ),
-    )

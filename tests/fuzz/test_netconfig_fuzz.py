@@ -1,5 +1,5 @@
 """Opaque claim configs of any shape through the pure steps prepare runs on them
-(services/prepare/pipeline.py ``_prepare_device``): pick the dra.net entry (strict parse,
+(shared/prepareplan.py, which services/prepare/pipeline.py calls): pick the dra.net entry (strict parse,
 defaults, validation), merge it over a provider config, finalize, and store it as JSON
 that attach parses back.
 
@@ -195,7 +195,7 @@ PROVIDERS = [None] + [c for c in (parse_network_config(v) for v in VALID) if c i
 
 
 def prepare_pure(params: Any, provider: NetworkConfig | None) -> NetworkConfig:
-    """services/prepare/pipeline.py, minus the I/O: pick, merge, finalize, store, read back."""
+    """shared/prepareplan.py's config steps without a device: pick, merge, finalize, store, read back."""
     entry = {"source": "FromClaim", "requests": [], "opaque": {"driver": "dra.net", "parameters": params}}
     picked = pick_config([entry], "nic")
     picked.raise_for_errors("request nic device eth1")

@@ -1,0 +1,199 @@
+"""The prepare service's I/O around the pure plan (services/prepare/pipeline.py): a profile
+is resolved once and held in a provisional record, released when the config fails after
+it, resumed from the record on a retry; a DHCP lease enters the stored config, and no
+lease releases the profile. Prepare driven as a function, with fakes for the API server,
+the inventory, the store and the DHCP client."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from proto.dranet.inventory.v1 import inventory_pb2 as inv
+from proto.dranet.store.v1 import store_pb2 as st
+from services.prepare.dhcp import DhcpError, DhcpLease
+from services.prepare.pipeline import ClaimRef, Preparer
+from shared.netconfig import RouteConfig
+
+DRIVER, NODE = "dra.net", "node-a"
+REF = ClaimRef(namespace="default", name="c1", uid="uid-1")
+WHERE = "claim default/c1: request nic device eth1"
+
+
+class FakeKube:
+    def __init__(self, params: dict[str, Any]) -> None:
+        self.params = params
+
+    async def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        opaque = {"driver": DRIVER, "parameters": self.params}
+        return {
+            "metadata": {"name": name, "namespace": namespace, "uid": REF.uid},
+            "status": {
+                "reservedFor": [{"resource": "pods", "name": "p", "uid": "pod-1"}],
+                "allocation": {
+                    "devices": {
+                        "results": [{"driver": DRIVER, "pool": NODE, "device": "eth1", "request": "nic"}],
+                        "config": [{"source": "FromClaim", "opaque": opaque}],
+                    }
+                },
+            },
+        }
+
+
+class FakeInventory:
+    def __init__(self, answer: str) -> None:
+        self.answer = answer
+        self.calls: list[tuple[str, ...]] = []
+
+    async def get_device(self, name: str) -> inv.Device | None:
+        return inv.Device(name="eth1", ifname="eth1", mtu=1500, snapshot=inv.HostSnapshot(mtu=1500))
+
+    async def node_info(self) -> inv.NodeInfo:
+        return inv.NodeInfo(node_name=NODE, rdma_netns_mode="shared", has_profile_provider=True)
+
+    async def resolve_profile(
+        self, device: str, claim_uid: str, pod_uid: str, profile: str, config_json: str
+    ) -> str:
+        self.calls.append(("resolve", device, profile, config_json))
+        return self.answer
+
+    async def release_profile(self, device: str, claim_uid: str, profile: str, config_json: str) -> None:
+        self.calls.append(("release", device, profile, config_json))
+
+
+class FakeStore:
+    def __init__(self) -> None:
+        self.configs: dict[tuple[str, str], st.DeviceConfig] = {}
+        self.calls: list[tuple[str, ...]] = []
+
+    async def get_device(self, pod_uid: str, device: str) -> st.DeviceConfig | None:
+        return self.configs.get((pod_uid, device))
+
+    async def put_devices(
+        self, configs: Sequence[st.DeviceConfig], kept: Sequence[st.KeptDevice] = ()
+    ) -> list[int]:
+        for c in configs:
+            self.calls.append(("put", c.device, "provisional" if c.provisional else "final"))
+            c.revision = len(self.calls)
+            self.configs[(c.pod.uid, c.device)] = c
+        return [len(self.calls)] * len(configs)
+
+    async def delete_device(self, pod_uid: str, device: str) -> None:
+        self.calls.append(("delete", device))
+        self.configs.pop((pod_uid, device), None)
+
+
+class FakeDhcp:
+    def __init__(self, lease: DhcpLease | None) -> None:
+        self.result = lease
+        self.asked: list[str] = []
+
+    async def lease(self, ifname: str) -> DhcpLease:
+        self.asked.append(ifname)
+        if self.result is None:
+            raise DhcpError(f"no DHCP lease on {ifname} within 1s")
+        return self.result
+
+
+def preparer(
+    params: dict[str, Any], answer: str = "", lease: DhcpLease | None = None
+) -> tuple[Preparer, FakeInventory, FakeStore, FakeDhcp]:
+    inventory, store, dhcp = FakeInventory(answer), FakeStore(), FakeDhcp(lease)
+    p = Preparer(
+        DRIVER,
+        NODE,
+        FakeKube(params),  # type: ignore[arg-type]
+        inventory,  # type: ignore[arg-type]
+        store,  # type: ignore[arg-type]
+        require_attach=False,
+        dhcp=dhcp,  # type: ignore[arg-type]
+    )
+    return p, inventory, store, dhcp
+
+
+PROFILE_ANSWER = json.dumps({"interface": {"addresses": ["10.1.0.5/16"], "mtu": 9000}})
+
+
+async def test_profile_resolved_once_held_provisionally_then_stored() -> None:
+    p, inventory, store, _ = preparer({"profile": "rdma-a", "interface": {"mtu": 1400}}, PROFILE_ANSWER)
+    assert (await p.prepare([REF]))[REF.uid].error == ""
+    assert inventory.calls == [("resolve", "eth1", "rdma-a", '{"profile":"rdma-a","interface":{"mtu":1400}}')]
+    assert store.calls == [("put", "eth1", "provisional"), ("put", "eth1", "final")]
+    stored = store.configs[("pod-1", "eth1")]
+    assert json.loads(stored.pod_config_json) == {
+        "profile": "rdma-a",
+        "interface": {"name": "eth1", "addresses": ["10.1.0.5/16"], "mtu": 1400},
+    }
+    assert (stored.profile, stored.provisional) == ("rdma-a", False)
+
+
+@pytest.mark.parametrize(
+    ("answer", "error", "released_config"),
+    [
+        pytest.param(
+            json.dumps({"interface": {"mtu": 50}}),
+            f"{WHERE}: interface.mtu: must be between 68 and 65535, got 50",
+            '{"profile":"rdma-a","interface":{"mtu":50}}',
+            id="invalid-once-merged",
+        ),
+        pytest.param(
+            "{bad",
+            f"{WHERE}: profile 'rdma-a' returned an invalid config: invalid JSON: "
+            "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
+            '{"profile":"rdma-a","interface":{}}',
+            id="answer-not-json",
+        ),
+    ],
+)
+async def test_profile_released_when_the_config_fails_after_it(
+    answer: str, error: str, released_config: str
+) -> None:
+    p, inventory, store, _ = preparer({"profile": "rdma-a"}, answer)
+    assert (await p.prepare([REF]))[REF.uid].error == error
+    assert inventory.calls[-1] == ("release", "eth1", "rdma-a", released_config)
+    assert store.configs == {}
+
+
+async def test_provisional_record_resumed_without_a_second_resolve() -> None:
+    p, inventory, store, _ = preparer({"profile": "rdma-a"}, PROFILE_ANSWER)
+    store.configs[("pod-1", "eth1")] = st.DeviceConfig(
+        pod=st.PodRef(uid="pod-1", namespace="default", name="p"),
+        device="eth1",
+        claim=st.ClaimRef(uid=REF.uid, namespace="default", name="c1"),
+        profile="rdma-a",
+        pod_config_json='{"profile":"rdma-a","interface":{"addresses":["10.9.0.5/16"]}}',
+        provisional=True,
+    )
+    assert (await p.prepare([REF]))[REF.uid].error == ""
+    assert inventory.calls == []
+    assert json.loads(store.configs[("pod-1", "eth1")].pod_config_json)["interface"]["addresses"] == [
+        "10.9.0.5/16"
+    ]
+
+
+async def test_dhcp_lease_stored() -> None:
+    lease = DhcpLease(
+        interface="eth1",
+        address="192.0.2.77/24",
+        routes=(RouteConfig(destination="0.0.0.0/0", gateway="192.0.2.1"),),
+    )
+    p, _, store, dhcp = preparer({"interface": {"dhcp": True}}, lease=lease)
+    assert (await p.prepare([REF]))[REF.uid].error == ""
+    assert dhcp.asked == ["eth1"]
+    assert json.loads(store.configs[("pod-1", "eth1")].pod_config_json) == {
+        "interface": {"name": "eth1", "addresses": ["192.0.2.77/24"], "dhcp": True},
+        "routes": [{"destination": "0.0.0.0/0", "gateway": "192.0.2.1"}],
+    }
+
+
+async def test_no_dhcp_lease_fails_the_claim_and_releases_its_profile() -> None:
+    p, inventory, store, _ = preparer({"profile": "rdma-a", "interface": {"dhcp": True}}, "")
+    assert (await p.prepare([REF]))[
+        REF.uid
+    ].error == f"{WHERE}: interface.dhcp: no DHCP lease on eth1 within 1s"
+    assert inventory.calls[-1][:3] == ("release", "eth1", "rdma-a")
+    assert store.calls == [("put", "eth1", "provisional"), ("delete", "eth1")]
+    assert store.configs == {}
