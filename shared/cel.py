@@ -18,7 +18,7 @@ invalid regular expression literals fail at compile time, with the position, as 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, ClassVar, cast
@@ -985,7 +985,8 @@ def _environment() -> celpy.Environment:
 
 def compile_filter(expression: str, *, cost_limit: int = DEFAULT_COST_LIMIT) -> CompiledExpression:
     """Parse and check a dranet ``--filter`` expression (variable ``attributes``); raise
-    CelCompileError naming the position. Any result type is accepted (see :func:`filter_devices`)."""
+    CelCompileError naming the position. Any result type is accepted: the caller decides what a
+    non-bool result means (services.inventory.filter drops the device)."""
     size = len(expression.encode("utf-8"))
     if size > MAX_EXPRESSION_BYTES:
         raise CelCompileError(
@@ -1024,7 +1025,7 @@ def _syntax_reason(error: celpy.CELParseError) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# Variables: a resource.k8s.io/v1 Device dict as dranet's filter sees it, and the filter itself.
+# Variables: a resource.k8s.io/v1 Device dict as dranet's filter sees it.
 
 
 # DeviceAttribute JSON member -> Go field name, conversion, zero value.
@@ -1062,54 +1063,12 @@ def filter_variables(device: Mapping[str, Any]) -> dict[str, Any]:
     return {"attributes": celtypes.MapType(attributes)}
 
 
-@dataclass(frozen=True)
-class FilterOutcome:
-    """What the filter decided for one device, and why when it was not a plain true/false."""
-
-    device: str
-    keep: bool
-    error: str | None = None
-
-
-def filter_devices(
-    program: CompiledExpression | None, devices: Iterable[Mapping[str, Any]]
-) -> tuple[list[Mapping[str, Any]], list[FilterOutcome]]:
-    """Apply dranet's filter semantics: keep a device when the expression is true; an evaluation
-    error keeps it too (dranet errs on the side of publishing), a non-bool result drops it.
-
-    Returns the kept devices (in order) and the outcome per device for logging.
-    """
-    kept: list[Mapping[str, Any]] = []
-    outcomes: list[FilterOutcome] = []
-    for device in devices:
-        name = str(device.get("name", ""))
-        if program is None:
-            kept.append(device)
-            outcomes.append(FilterOutcome(name, True))
-            continue
-        try:
-            result = program.evaluate(filter_variables(device))
-        except CelEvalError as ex:
-            kept.append(device)
-            outcomes.append(FilterOutcome(name, True, f"evaluation failed: {ex}"))
-            continue
-        if not isinstance(result, celtypes.BoolType):
-            outcomes.append(FilterOutcome(name, False, f"result is {_type_name(result)}, not bool"))
-            continue
-        if result:
-            kept.append(device)
-        outcomes.append(FilterOutcome(name, bool(result)))
-    return kept, outcomes
-
-
 __all__ = [
     "DEFAULT_COST_LIMIT",
     "MAX_EXPRESSION_BYTES",
     "CelCompileError",
     "CelEvalError",
     "CompiledExpression",
-    "FilterOutcome",
     "compile_filter",
-    "filter_devices",
     "filter_variables",
 ]

@@ -85,10 +85,6 @@ def get_level() -> str:
     return logging.getLevelName(logging.getLogger().level)
 
 
-def service_name() -> str:
-    return _service
-
-
 def log_fields(**fields: Any) -> Mapping[str, Any]:
     """``extra=`` for a log call, dropping empty values: log.info("x", extra=log_fields(pod=...))."""
     return {k: v for k, v in fields.items() if v not in (None, "")}

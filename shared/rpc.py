@@ -149,14 +149,6 @@ def channel(path: str | os.PathLike[str]) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(f"unix:{os.fspath(path)}", options=CHANNEL_OPTIONS)
 
 
-async def wait_for_channel(ch: grpc.aio.Channel, deadline_s: float) -> None:
-    """Wait until ``ch`` is connected; TimeoutError naming the target otherwise."""
-    try:
-        await asyncio.wait_for(ch.channel_ready(), deadline_s)
-    except TimeoutError:
-        raise TimeoutError(f"gRPC peer not ready after {deadline_s:.1f}s") from None
-
-
 def sync_channel(path: str | os.PathLike[str]) -> grpc.Channel:
     """A blocking channel, for tools and benchmarks outside an event loop."""
     return grpc.insecure_channel(f"unix:{os.fspath(path)}", options=CHANNEL_OPTIONS)

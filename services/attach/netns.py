@@ -60,8 +60,3 @@ def setns(fd: int) -> None:
     if _libc.setns(fd, CLONE_NEWNET) != 0:
         code = ctypes.get_errno()
         raise NetnsError(code, f"setns: {os.strerror(code)}")
-
-
-def current_netns_fd() -> int:
-    """An fd of the calling thread's netns."""
-    return os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)

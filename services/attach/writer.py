@@ -44,8 +44,6 @@ class StoreWriter:
         self.retry_max_s = retry_max_s
         self._queue: asyncio.Queue[_Write] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
-        self.written = 0
-        self.failed = 0
 
     def start(self) -> None:
         if self._task is None:
@@ -115,7 +113,6 @@ class StoreWriter:
             except StoreCallError as exc:
                 fields = log_fields(pod_uid=w.pod_uid, device=w.device, write=w.what, error=str(exc))
                 if exc.code in _PERMANENT:
-                    self.failed += 1
                     log.error("store refused a write; dropping it", extra=fields)
                     return
                 if attempts == 1 or attempts % 20 == 0:
@@ -123,7 +120,6 @@ class StoreWriter:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.retry_max_s)
                 continue
-            self.written += 1
             if attempts > 1:
                 log.info(
                     "store write landed after retries",

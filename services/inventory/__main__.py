@@ -22,7 +22,7 @@ from typing import Any
 
 from services.inventory.cloud import discovery as cloud_discovery
 from services.inventory.cloud.base import Providers
-from services.inventory.cloud.host import HostFacts
+from services.inventory.cloud.host import HostProbe
 from services.inventory.discovery import Device
 from services.inventory.filter import DEFAULT_FILTER, DeviceFilter, FilterError
 from services.inventory.inventory import (
@@ -221,7 +221,7 @@ async def run(args: argparse.Namespace, device_filter: DeviceFilter | None, stop
             node_labels = kube_node_labels(api_client, node)
         providers = await cloud_discovery.setup_providers(
             cloud_discovery.CloudOptions.from_args(args),
-            host=HostFacts(sysfs_root=args.sysfs_root),
+            host=HostProbe(sysfs_root=args.sysfs_root),
             node_name=node,
             node_labels=node_labels,
         )

@@ -11,7 +11,7 @@ import ipaddress
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 
-from services.inventory.cloud.base import ATTRIBUTE_MAX_VALUE_LENGTH, Attribute
+from shared.deviceattr import ATTRIBUTE_MAX_VALUE_LENGTH, Attribute
 
 log = logging.getLogger(__name__)
 

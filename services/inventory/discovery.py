@@ -29,9 +29,9 @@ from typing import Any
 from services.inventory import attributes as A
 from services.inventory import rtnl
 from services.inventory.bpf import TcxQuery
-from services.inventory.cloud.base import Attribute
 from services.inventory.pciids import PciIds
 from services.inventory.sysfs import NetSysfs, PciFunction, RdmaLink, Sysfs, rdma_device_for_netdev
+from shared.deviceattr import Attribute
 from shared.names import NameSource, assign_device_names
 from shared.netconfig import NetworkConfig
 

@@ -24,9 +24,9 @@ from collections.abc import Iterable, Sequence
 
 from celpy import celtypes
 
-from services.inventory.cloud.base import Attribute
 from services.inventory.discovery import Device
 from shared import cel
+from shared.deviceattr import Attribute
 
 log = logging.getLogger(__name__)
 

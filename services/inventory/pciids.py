@@ -73,10 +73,6 @@ class PciIds:
         self._vendors = vendors
         return vendors
 
-    @property
-    def available(self) -> bool:
-        return self.path is not None
-
     def vendor_name(self, vendor_id: str) -> str:
         if self.path is None:
             return vendor_id

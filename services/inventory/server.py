@@ -15,10 +15,11 @@ from proto.dranet.inventory.v1 import inventory_pb2 as pb
 from proto.dranet.inventory.v1 import inventory_pb2_grpc as pb_grpc
 from services.inventory import snapshot as snap
 from services.inventory.cloud import rpc as cloud_rpc
-from services.inventory.cloud.base import Attribute, AttrKind, DeviceInfo, Providers
+from services.inventory.cloud.base import DeviceInfo, Providers
 from services.inventory.discovery import Device
 from services.inventory.inventory import Inventory, device_info
 from services.inventory.publisher import Publisher
+from shared.deviceattr import Attribute, AttrKind
 from shared.logs import log_fields
 
 log = logging.getLogger(__name__)

@@ -226,9 +226,6 @@ class Sysfs:
             rdma_devices=rdma,
         )
 
-    def is_virtual(self, ifname: str) -> bool:
-        return self.netdev(ifname).virtual
-
     # --- PCI -------------------------------------------------------------------------------------
 
     def numa_node_count(self) -> int:

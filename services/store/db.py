@@ -132,7 +132,6 @@ class StoreDB:
         self._env: lmdb.Environment | None = None
         self._dbs: dict[bytes, lmdb._Database] = {}
         self._broken = False
-        self.grow_count = 0
         # Guards the memory view: writes run on a worker thread, reads on the
         # event loop. Held only while dicts change or are read, never across I/O.
         self._mu = threading.Lock()
@@ -275,7 +274,6 @@ class StoreDB:
         self._env.set_mapsize(new_size)
         log.info("store map grown", extra={"from_bytes": self.map_size, "to_bytes": new_size})
         self.map_size = new_size
-        self.grow_count += 1
 
     def _reopen(self) -> None:
         """Reopen after a failed write and reload, so memory matches the disk."""
@@ -518,12 +516,3 @@ class StoreDB:
                 records += [Change("put", "activity", act) for act in self._mem.activity.values()]
             records += [Change("put", "kept", kd) for _, kd in sorted(self._mem.kept.items())]
         yield from records
-
-    # --- direct access for the benchmark baseline -------------------------------------
-
-    def raw_get(self, table: bytes, key: bytes) -> bytes | None:
-        """One read transaction straight on LMDB (no memory view)."""
-        assert self._env is not None
-        with self._env.begin(db=self._dbs[table]) as txn:
-            value = txn.get(key)
-            return bytes(value) if value is not None else None

@@ -40,7 +40,3 @@ class ConfigError(ValueError):
         self.context = context
         text = "; ".join(str(e) for e in self.errors)
         super().__init__(f"{context}: {text}" if context else text)
-
-    def with_context(self, context: str) -> ConfigError:
-        """The same errors, prefixed with where they came from (claim, request, source)."""
-        return ConfigError(self.errors, f"{context}: {self.context}" if self.context else context)

@@ -6,7 +6,7 @@ The inventory wires them like this::
     cloud.add_flags(parser)                                   # with its other flags
     options = cloud.CloudOptions.from_args(args)
     providers = await cloud.setup_providers(
-        options, host=cloud.HostFacts(sysfs_root=..., netns=None),
+        options, host=cloud.HostProbe(sysfs_root=..., netns=None),
         node_name=node, node_labels=cloud.kube_node_labels(api_client, node))
     views = await providers.describe(devices)                 # per scan: attributes, provider config, profiles
     ... ResolveProfile / ReleaseProfile -> cloud.rpc.resolve / cloud.rpc.release
@@ -14,8 +14,6 @@ The inventory wires them like this::
 """
 
 from services.inventory.cloud.base import (
-    Attribute,
-    AttrKind,
     CloudProvider,
     CloudView,
     DeviceInfo,
@@ -27,12 +25,12 @@ from services.inventory.cloud.base import (
     ProviderError,
     Providers,
     advertised_profiles,
-    attribute_problem,
     strip_advertised_profile,
 )
 from services.inventory.cloud.coreweave import NodeLabels, kube_node_labels
 from services.inventory.cloud.discovery import CloudOptions, add_flags, detect, setup_providers
-from services.inventory.cloud.host import HostFacts
+from services.inventory.cloud.host import HostProbe
+from shared.deviceattr import Attribute, AttrKind, attribute_problem
 
 __all__ = [
     "AttrKind",
@@ -42,7 +40,7 @@ __all__ = [
     "CloudView",
     "DeviceInfo",
     "Hint",
-    "HostFacts",
+    "HostProbe",
     "NodeLabels",
     "ProfileError",
     "ProfileErrorCode",

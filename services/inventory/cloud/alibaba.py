@@ -11,10 +11,11 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from services.inventory.cloud.base import Attribute, DeviceInfo, Hint, string_attributes
-from services.inventory.cloud.host import HostFacts
+from services.inventory.cloud.base import DeviceInfo, Hint, string_attributes
+from services.inventory.cloud.host import HostProbe
 from services.inventory.cloud.metadata import DETECT_POLICY, HttpClient, RetryPolicy, TokenDance, probe_get
 from services.inventory.cloud.provider import HttpMetadataProvider
+from shared.deviceattr import Attribute
 from shared.netconfig import NetworkConfig
 
 log = logging.getLogger(__name__)
@@ -50,14 +51,14 @@ class AlibabaProvider(HttpMetadataProvider[AlibabaState]):
         self,
         base_url: str = DEFAULT_URL,
         *,
-        host: HostFacts | None = None,
+        host: HostProbe | None = None,
         policy: RetryPolicy | None = None,
         startup_timeout: float = 10.0,
     ) -> None:
         super().__init__(
             HttpClient("alibaba", base_url, token=TOKEN, policy=policy), startup_timeout=startup_timeout
         )
-        self.host = host or HostFacts()
+        self.host = host or HostProbe()
 
     async def fetch(self) -> AlibabaState:
         instance_type = (await self.client.get_text("/latest/meta-data/instance/instance-type")).strip()

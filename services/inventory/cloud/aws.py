@@ -18,8 +18,8 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from services.inventory.cloud.base import Attribute, DeviceInfo, Hint, ProviderError
-from services.inventory.cloud.host import HostFacts
+from services.inventory.cloud.base import DeviceInfo, Hint, ProviderError
+from services.inventory.cloud.host import HostProbe
 from services.inventory.cloud.metadata import (
     DETECT_POLICY,
     HttpClient,
@@ -29,6 +29,7 @@ from services.inventory.cloud.metadata import (
     probe_get,
 )
 from services.inventory.cloud.provider import HttpMetadataProvider
+from shared.deviceattr import Attribute
 from shared.netconfig import NetworkConfig
 
 log = logging.getLogger(__name__)
@@ -145,7 +146,7 @@ class AwsProvider(HttpMetadataProvider[AwsState]):
         self,
         base_url: str = DEFAULT_URL,
         *,
-        host: HostFacts | None = None,
+        host: HostProbe | None = None,
         policy: RetryPolicy | None = None,
         startup_timeout: float = 10.0,
         topology_file: str = "",
@@ -153,7 +154,7 @@ class AwsProvider(HttpMetadataProvider[AwsState]):
         super().__init__(
             HttpClient("aws", base_url, token=TOKEN, policy=policy), startup_timeout=startup_timeout
         )
-        self.host = host or HostFacts()
+        self.host = host or HostProbe()
         self.topology_file = topology_file
 
     async def fetch(self) -> AwsState:

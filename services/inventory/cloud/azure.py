@@ -14,10 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from services.inventory.cloud.base import Attribute, DeviceInfo, Hint, ProviderError, string_attributes
-from services.inventory.cloud.host import HostFacts
+from services.inventory.cloud.base import DeviceInfo, Hint, ProviderError, string_attributes
+from services.inventory.cloud.host import HostProbe
 from services.inventory.cloud.metadata import DETECT_POLICY, HttpClient, RetryPolicy, json_str, probe_get
 from services.inventory.cloud.provider import HttpMetadataProvider
+from shared.deviceattr import Attribute
 from shared.netconfig import NetworkConfig, RouteConfig, RuleConfig
 
 log = logging.getLogger(__name__)
@@ -109,14 +110,14 @@ class AzureProvider(HttpMetadataProvider[AzureState]):
         self,
         base_url: str = DEFAULT_URL,
         *,
-        host: HostFacts | None = None,
+        host: HostProbe | None = None,
         policy: RetryPolicy | None = None,
         startup_timeout: float = 10.0,
     ) -> None:
         super().__init__(
             HttpClient("azure", base_url, headers=_HEADERS, policy=policy), startup_timeout=startup_timeout
         )
-        self.host = host or HostFacts()
+        self.host = host or HostProbe()
 
     async def fetch(self) -> AzureState:
         params = {"api-version": API_VERSION, "format": "json"}

@@ -13,15 +13,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from services.inventory.cloud.base import (
-    ATTRIBUTE_MAX_VALUE_LENGTH,
-    Attribute,
-    DeviceInfo,
-    Hint,
-    ProviderError,
-)
-from services.inventory.cloud.host import HostFacts
+from services.inventory.cloud.base import DeviceInfo, Hint, ProviderError
+from services.inventory.cloud.host import HostProbe
 from services.inventory.cloud.provider import MetadataProvider
+from shared.deviceattr import ATTRIBUTE_MAX_VALUE_LENGTH, Attribute
 from shared.netconfig import NetworkConfig
 
 log = logging.getLogger(__name__)
@@ -107,13 +102,13 @@ class CksProvider(MetadataProvider[CksState]):
         node_labels: NodeLabels,
         node_name: str,
         *,
-        host: HostFacts | None = None,
+        host: HostProbe | None = None,
         startup_timeout: float = 10.0,
     ) -> None:
         super().__init__(startup_timeout=startup_timeout)
         self.node_labels = node_labels
         self.node_name = node_name
-        self.host = host or HostFacts()
+        self.host = host or HostProbe()
 
     @property
     def name(self) -> str:

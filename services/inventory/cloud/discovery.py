@@ -24,7 +24,7 @@ from services.inventory.cloud.base import (
     ProviderError,
     Providers,
 )
-from services.inventory.cloud.host import HostFacts
+from services.inventory.cloud.host import HostProbe
 from services.inventory.cloud.ipam import LeaseStore
 from services.inventory.cloud.metadata import RetryPolicy, first_true
 
@@ -217,7 +217,7 @@ def build_cloud(
     hint: Hint,
     options: CloudOptions,
     *,
-    host: HostFacts,
+    host: HostProbe,
     node_name: str = "",
     node_labels: coreweave.NodeLabels | None = None,
 ) -> CloudProvider | None:
@@ -268,7 +268,7 @@ def _webhook_provider(options: CloudOptions) -> webhook.WebhookProvider:
 async def setup_providers(
     options: CloudOptions,
     *,
-    host: HostFacts | None = None,
+    host: HostProbe | None = None,
     node_name: str = "",
     node_labels: coreweave.NodeLabels | None = None,
 ) -> Providers:
@@ -280,7 +280,7 @@ async def setup_providers(
     service should not run half configured. Bounded by roughly
     detect_timeout + startup_timeout.
     """
-    host = host or HostFacts()
+    host = host or HostProbe()
     if options.profile_provider is ProfileSource.WEBHOOK and not options.webhook_url:
         raise ProviderError("--webhook-url is required when --profile-provider=webhook")
     hint = options.hint

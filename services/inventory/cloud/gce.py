@@ -15,7 +15,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from services.inventory.cloud.base import (
-    Attribute,
     DeviceInfo,
     Hint,
     ProfileError,
@@ -27,6 +26,7 @@ from services.inventory.cloud.ipam import IPAMError, IPRange, LeaseStore, range_
 from services.inventory.cloud.metadata import DETECT_POLICY, HttpClient, MetadataError, RetryPolicy, probe_get
 from services.inventory.cloud.pbr import RT_SCOPE_LINK, SOURCE_ROUTING_RULE_PRIORITY, table_for_name
 from services.inventory.cloud.provider import HttpMetadataProvider
+from shared.deviceattr import Attribute
 from shared.netconfig import InterfaceConfig, InterfaceType, NetworkConfig, RouteConfig, RuleConfig
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ RT_TABLE_MAIN = 254
 
 
 @dataclass(frozen=True)
-class HostFacts:
+class HostProbe:
     """Where to read host facts. ``netns`` is a netns path for netlink lookups
     (None: this process's namespace, the host's in the DaemonSet)."""
 

@@ -29,7 +29,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from services.inventory.cloud.base import (
-    Attribute,
     DeviceInfo,
     Hint,
     ProfileError,
@@ -38,10 +37,11 @@ from services.inventory.cloud.base import (
     ProviderError,
     string_attributes,
 )
-from services.inventory.cloud.host import ARPHRD_ETHER, HostFacts
+from services.inventory.cloud.host import ARPHRD_ETHER, HostProbe
 from services.inventory.cloud.metadata import DETECT_POLICY, HttpClient, RetryPolicy, json_str, probe_get
 from services.inventory.cloud.pbr import RT_SCOPE_LINK, SOURCE_ROUTING_RULE_PRIORITY
 from services.inventory.cloud.provider import HttpMetadataProvider, PartialMetadata
+from shared.deviceattr import Attribute
 from shared.netconfig import (
     Addressing,
     InterfaceConfig,
@@ -315,7 +315,7 @@ class OkeProvider(HttpMetadataProvider[OkeState], ProfileProvider):
         self,
         base_url: str = DEFAULT_URL,
         *,
-        host: HostFacts | None = None,
+        host: HostProbe | None = None,
         policy: RetryPolicy | None = None,
         startup_timeout: float = 10.0,
         oca_config_dir: str = DEFAULT_OCA_CONFIG_DIR,
@@ -326,7 +326,7 @@ class OkeProvider(HttpMetadataProvider[OkeState], ProfileProvider):
             startup_timeout=startup_timeout,
             refresh_interval=refresh_interval,
         )
-        self.host = host or HostFacts()
+        self.host = host or HostProbe()
         self.oca = load_oca_config(oca_config_dir)
         # Identify RDMA NICs by their OCA address only on nodes without rdmaN names.
         self.address_fallback = not self._has_named_rdma_nic()

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.inventory.cloud.base import (
-    Attribute,
     CloudProvider,
     DeviceInfo,
     Hint,
@@ -34,7 +33,6 @@ from services.inventory.cloud.base import (
     ProfileErrorCode,
     ProfileProvider,
     ProviderError,
-    attribute_problem,
 )
 from services.inventory.cloud.metadata import (
     DETECT_POLICY,
@@ -44,6 +42,7 @@ from services.inventory.cloud.metadata import (
     RetryPolicy,
     probe_get,
 )
+from shared.deviceattr import Attribute, attribute_problem
 from shared.netconfig import ConfigError, NetworkConfig, parse_network_config
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""dranet's publish-time --filter (shared.cel, Env.FILTER), mirroring dranet pkg/filter's cases."""
+"""dranet's publish-time --filter (shared.cel), mirroring dranet pkg/filter's cases."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ from typing import Any
 
 import pytest
 
+from services.inventory.discovery import Device
+from services.inventory.filter import DeviceFilter, apply_filter
 from shared import cel
 
 
@@ -89,20 +91,19 @@ CASES = [
 
 
 @pytest.mark.parametrize(("expression", "devices", "kept"), CASES)
-def test_filter_devices(expression: str | None, devices: list[dict[str, Any]], kept: list[str]) -> None:
-    program = cel.compile_filter(expression) if expression is not None else None
-    result, outcomes = cel.filter_devices(program, devices)
-    assert [d["name"] for d in result] == kept
-    assert [o.device for o in outcomes] == [d["name"] for d in devices]
+async def test_filter_cases(expression: str | None, devices: list[dict[str, Any]], kept: list[str]) -> None:
+    """The cases through the inventory's filter, the one user of shared.cel."""
+    flt = DeviceFilter(expression) if expression is not None else None
+    result = await apply_filter(flt, [Device.from_slice_entry(d) for d in devices])
+    assert [d.name for d in result] == kept
 
 
-def test_outcome_explains_error_and_non_bool() -> None:
+def test_evaluation_error_and_non_bool_result() -> None:
     program = cel.compile_filter('attributes["dra.net/type"].StringValue != "veth"')
-    _, (outcome,) = cel.filter_devices(program, [device("x")])
-    assert outcome.keep and outcome.error is not None and "no such key: dra.net/type" in outcome.error
+    with pytest.raises(cel.CelEvalError, match=r"no such key: dra\.net/type"):
+        program.evaluate(cel.filter_variables(device("x")))
     program = cel.compile_filter('attributes["kind"].StringValue')
-    _, (outcome,) = cel.filter_devices(program, [NETWORK_ETH0])
-    assert not outcome.keep and outcome.error == "result is string, not bool"
+    assert program.evaluate(cel.filter_variables(NETWORK_ETH0)) == "network"
 
 
 COMPILE_ERRORS = [

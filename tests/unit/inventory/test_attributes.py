@@ -7,7 +7,7 @@ import ipaddress
 import pytest
 
 from services.inventory import attributes as A
-from services.inventory.cloud.base import Attribute, AttrKind, attribute_problem
+from shared.deviceattr import Attribute, AttrKind, attribute_problem
 
 
 @pytest.mark.parametrize(

@@ -10,10 +10,10 @@ import pytest
 
 from services.inventory import attributes as A
 from services.inventory import rtnl
-from services.inventory.cloud.base import AttrKind
 from services.inventory.discovery import Device, HostFacts, ScanOptions, build_devices
 from services.inventory.pciids import PciIds
 from services.inventory.sysfs import NetSysfs, Sysfs
+from shared.deviceattr import AttrKind
 from tests.unit.inventory.fakesys import mellanox_host
 
 _index = iter(range(2, 10_000))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from services.inventory import attributes as A
-from services.inventory.cloud.base import Attribute
 from services.inventory.discovery import Device
 from services.inventory.filter import (
     DEFAULT_FILTER,
@@ -14,6 +13,7 @@ from services.inventory.filter import (
     apply_filter,
     referenced_attributes,
 )
+from shared.deviceattr import Attribute
 
 
 def device(name: str, **attrs: Attribute) -> Device:

@@ -13,10 +13,10 @@ import pytest
 
 from proto.dranet.store.v1 import store_pb2 as st
 from services.inventory import attributes as A
-from services.inventory.cloud.base import Attribute
 from services.inventory.discovery import Device
 from services.inventory.inventory import Inventory, InventoryConfig, merge_kept
 from services.inventory.kept import KeptDevices, parse_kept
+from shared.deviceattr import Attribute
 from shared.storeclient import StoreCallError, StoreClient
 
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from services.inventory.cloud import alibaba
-from services.inventory.cloud.base import Attribute, DeviceInfo
-from services.inventory.cloud.host import HostFacts
+from services.inventory.cloud.base import DeviceInfo
+from services.inventory.cloud.host import HostProbe
 from services.inventory.cloud.metadata import RetryPolicy
+from shared.deviceattr import Attribute
 from tests.integration.inventory.cloud.fakes import AlibabaMetadata, AwsImds
 from tests.integration.inventory.cloud.support import FakeHost
 
@@ -28,7 +29,7 @@ async def test_instance_type_and_erdma(serve, fake_host: FakeHost) -> None:
     server = await serve(AlibabaMetadata())
     fake_host.rdma("erdma_0", "0000:00:0b.0")
     fake_host.rdma("mlx5_0", "0000:00:0c.0")
-    provider = alibaba.AlibabaProvider(server.url, host=HostFacts(sysfs_root=str(fake_host.sys)), policy=FAST)
+    provider = alibaba.AlibabaProvider(server.url, host=HostProbe(sysfs_root=str(fake_host.sys)), policy=FAST)
     await provider.start()
     try:
         erdma = DeviceInfo(

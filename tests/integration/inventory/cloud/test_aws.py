@@ -5,9 +5,10 @@ from __future__ import annotations
 import hashlib
 
 from services.inventory.cloud import aws
-from services.inventory.cloud.base import Attribute, DeviceInfo
-from services.inventory.cloud.host import HostFacts
+from services.inventory.cloud.base import DeviceInfo
+from services.inventory.cloud.host import HostProbe
 from services.inventory.cloud.metadata import HttpClient, RetryPolicy
+from shared.deviceattr import Attribute
 from tests.integration.inventory.cloud.fakes import AwsImds, AzureImds, GceMetadata
 from tests.integration.inventory.cloud.support import FakeHost
 
@@ -59,7 +60,7 @@ async def test_efa_device_groups_on_trainium(serve, fake_host: FakeHost) -> None
     fake_host.driver("0000:10:1a.0", "efa")
     fake_host.driver("0000:a0:19.0", "efa")
     fake_host.driver("0000:00:05.0", "ena")
-    host = HostFacts(sysfs_root=str(fake_host.sys))
+    host = HostProbe(sysfs_root=str(fake_host.sys))
     provider = aws.AwsProvider(server.url, host=host, policy=FAST, startup_timeout=5.0)
     await provider.start()
     try:
@@ -91,7 +92,7 @@ async def test_efa_device_groups_on_trainium(serve, fake_host: FakeHost) -> None
 async def test_gpu_instance_has_no_groups(serve, fake_host: FakeHost) -> None:
     server = await serve(AwsImds(instance_type="p5.48xlarge"))
     fake_host.driver("0000:10:1a.0", "efa")
-    provider = aws.AwsProvider(server.url, host=HostFacts(sysfs_root=str(fake_host.sys)), policy=FAST)
+    provider = aws.AwsProvider(server.url, host=HostProbe(sysfs_root=str(fake_host.sys)), policy=FAST)
     await provider.start()
     try:
         assert provider.state is not None and not provider.state.neuron

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from services.inventory.cloud import azure
-from services.inventory.cloud.base import Attribute, DeviceInfo
-from services.inventory.cloud.host import HostFacts
+from services.inventory.cloud.base import DeviceInfo
+from services.inventory.cloud.host import HostProbe
 from services.inventory.cloud.metadata import RetryPolicy
+from shared.deviceattr import Attribute
 from shared.netconfig import NetworkConfig, RouteConfig, RuleConfig
 from tests.integration.inventory.cloud.fakes import AzureImds, GceMetadata, OciImds
 from tests.integration.inventory.cloud.support import Netns
@@ -28,7 +29,7 @@ async def test_probe(serve) -> None:
 
 async def test_node_attributes_on_every_device(serve) -> None:
     server = await serve(AzureImds())
-    provider = azure.AzureProvider(server.url, policy=FAST, host=HostFacts(netns=None))
+    provider = azure.AzureProvider(server.url, policy=FAST, host=HostProbe(netns=None))
     await provider.start()
     try:
         want = {
@@ -56,7 +57,7 @@ async def test_policy_routing_config_per_nic(serve, netns: Netns) -> None:
     netns.run("-6", "route", "add", "default", "via", "fe80::1234:5678:9abc", "dev", "eth1")
     netns.link("eth0", "10.224.0.4/16")
     server = await serve(AzureImds())
-    provider = azure.AzureProvider(server.url, policy=FAST, host=HostFacts(netns=netns.path))
+    provider = azure.AzureProvider(server.url, policy=FAST, host=HostProbe(netns=netns.path))
     await provider.start()
     try:
         assert await provider.provider_config(NIC1) == NetworkConfig(

@@ -9,8 +9,9 @@ import pytest
 from kubernetes_asyncio import client
 
 from services.inventory.cloud import coreweave
-from services.inventory.cloud.base import Attribute, DeviceInfo
-from services.inventory.cloud.host import HostFacts
+from services.inventory.cloud.base import DeviceInfo
+from services.inventory.cloud.host import HostProbe
+from shared.deviceattr import Attribute
 from tests.integration.inventory.cloud.fakes import CKS_LABELS, KubeApi
 from tests.integration.inventory.cloud.support import FakeHost
 
@@ -39,7 +40,7 @@ async def test_topology_attributes_and_leaf_switch(api, fake_host: FakeHost) -> 
     fake_host.rdma("ibp0", "0000:18:00.0", link_layer="InfiniBand")
     fake_host.rdma("mlx5_9", "0000:9a:00.0")
     provider = coreweave.CksProvider(
-        labels_of("g1234"), "g1234", host=HostFacts(sysfs_root=str(fake_host.sys))
+        labels_of("g1234"), "g1234", host=HostProbe(sysfs_root=str(fake_host.sys))
     )
     await provider.start()
     try:

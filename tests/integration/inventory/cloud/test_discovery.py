@@ -15,7 +15,7 @@ from services.inventory.cloud import coreweave, discovery
 from services.inventory.cloud.base import DeviceInfo, Hint, ProfileSource, ProviderError
 from services.inventory.cloud.discovery import CloudOptions, add_flags, detect, setup_providers
 from services.inventory.cloud.gce import GceProvider
-from services.inventory.cloud.host import HostFacts
+from services.inventory.cloud.host import HostProbe
 from services.inventory.cloud.webhook import WebhookProvider
 from shared.netconfig import NetworkConfig
 from tests.integration.inventory.cloud.fakes import (
@@ -128,7 +128,7 @@ async def test_slow_metadata_loads_in_the_background(
         oca_config_dir=str(tmp_path),
     )
     t0 = time.monotonic()
-    providers = await setup_providers(opts, host=HostFacts(sysfs_root=str(tmp_path)))
+    providers = await setup_providers(opts, host=HostProbe(sysfs_root=str(tmp_path)))
     try:
         assert time.monotonic() - t0 < 3.0
         cloud = providers.cloud

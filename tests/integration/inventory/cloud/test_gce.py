@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from services.inventory.cloud import gce
-from services.inventory.cloud.base import Attribute, DeviceInfo, ProfileError, ProfileErrorCode, Providers
+from services.inventory.cloud.base import DeviceInfo, ProfileError, ProfileErrorCode, Providers
 from services.inventory.cloud.ipam import LeaseStore
 from services.inventory.cloud.metadata import RetryPolicy
 from services.inventory.cloud.pbr import table_for_name
+from shared.deviceattr import Attribute
 from shared.netconfig import InterfaceConfig, InterfaceType, NetworkConfig, RouteConfig
 from shared.netconfig.merge import merge
 from shared.netconfig.validate import finalize

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from services.inventory.cloud import oke
-from services.inventory.cloud.base import Attribute, DeviceInfo, ProfileError, ProfileErrorCode
-from services.inventory.cloud.host import HostFacts
+from services.inventory.cloud.base import DeviceInfo, ProfileError, ProfileErrorCode
+from services.inventory.cloud.host import HostProbe
 from services.inventory.cloud.metadata import RetryPolicy
+from shared.deviceattr import Attribute
 from shared.netconfig import (
     Addressing,
     InterfaceConfig,
@@ -49,7 +50,7 @@ async def test_probe(serve) -> None:
 async def test_topology_attributes(serve, tmp_path: Path) -> None:
     server = await serve(OciImds())
     provider = oke.OkeProvider(
-        server.url, host=HostFacts(sysfs_root=str(tmp_path)), policy=FAST, oca_config_dir=str(tmp_path)
+        server.url, host=HostProbe(sysfs_root=str(tmp_path)), policy=FAST, oca_config_dir=str(tmp_path)
     )
     await provider.start()
     try:
@@ -75,7 +76,7 @@ async def test_shape_without_topology_falls_back_to_host_fields(serve, tmp_path:
     del server.host["rdmaTopologyData"]
     del server.host["rdmaFabricData"]
     provider = oke.OkeProvider(
-        server.url, host=HostFacts(sysfs_root=str(tmp_path)), policy=FAST, oca_config_dir=""
+        server.url, host=HostProbe(sysfs_root=str(tmp_path)), policy=FAST, oca_config_dir=""
     )
     await provider.start()
     try:
@@ -89,7 +90,7 @@ async def test_shape_without_topology_falls_back_to_host_fields(serve, tmp_path:
 
 
 @pytest.fixture
-def rdma_host(fake_host: FakeHost, netns: Netns) -> HostFacts:
+def rdma_host(fake_host: FakeHost, netns: Netns) -> HostProbe:
     """Two OCA-configured RDMA NICs and the VCN NIC, as on a GB200 node."""
     for ifname, pci in (("rdma0", "0000:0c:00.0"), ("rdma1", "0000:0d:00.0"), ("eth0", "0000:1f:00.0")):
         fake_host.netdev(ifname, pci=pci)
@@ -98,10 +99,10 @@ def rdma_host(fake_host: FakeHost, netns: Netns) -> HostFacts:
     netns.link("rdma0", f"{oke_parent_address(0)}/12")
     netns.link("rdma1", f"{oke_parent_address(1)}/12")
     netns.link("eth0", "10.0.0.25/16")
-    return HostFacts(sysfs_root=str(fake_host.sys), procfs_root=str(fake_host.proc), netns=netns.path)
+    return HostProbe(sysfs_root=str(fake_host.sys), procfs_root=str(fake_host.proc), netns=netns.path)
 
 
-async def started(url: str, host: HostFacts, oca_dir: Path) -> oke.OkeProvider:
+async def started(url: str, host: HostProbe, oca_dir: Path) -> oke.OkeProvider:
     provider = oke.OkeProvider(url, host=host, policy=FAST, startup_timeout=5.0, oca_config_dir=str(oca_dir))
     await provider.start()
     return provider
@@ -109,7 +110,7 @@ async def started(url: str, host: HostFacts, oca_dir: Path) -> oke.OkeProvider:
 
 @pytest.mark.root
 @pytest.mark.netns
-async def test_oke_rdma_profile_end_to_end(serve, rdma_host: HostFacts, tmp_path: Path) -> None:
+async def test_oke_rdma_profile_end_to_end(serve, rdma_host: HostProbe, tmp_path: Path) -> None:
     server = await serve(OciImds())
     provider = await started(server.url, rdma_host, tmp_path)
     try:
@@ -162,7 +163,7 @@ async def test_oke_rdma_profile_end_to_end(serve, rdma_host: HostFacts, tmp_path
     ],
 )
 async def test_profile_refuses_what_it_cannot_do(
-    serve, rdma_host: HostFacts, tmp_path: Path, interface: InterfaceConfig, needle: str
+    serve, rdma_host: HostProbe, tmp_path: Path, interface: InterfaceConfig, needle: str
 ) -> None:
     server = await serve(OciImds())
     provider = await started(server.url, rdma_host, tmp_path)
@@ -180,7 +181,7 @@ async def test_profile_refuses_what_it_cannot_do(
 @pytest.mark.root
 @pytest.mark.netns
 async def test_layout_mismatch_and_other_oca_modes(
-    serve, rdma_host: HostFacts, netns: Netns, tmp_path: Path
+    serve, rdma_host: HostProbe, netns: Netns, tmp_path: Path
 ) -> None:
     server = await serve(OciImds())
     # rdma1 holds an address the classic formula does not give it.
@@ -212,7 +213,7 @@ async def test_layout_mismatch_and_other_oca_modes(
 
 @pytest.mark.root
 @pytest.mark.netns
-async def test_ipv6_fabric_moves_nics_as_before(serve, rdma_host: HostFacts, tmp_path: Path) -> None:
+async def test_ipv6_fabric_moves_nics_as_before(serve, rdma_host: HostProbe, tmp_path: Path) -> None:
     server = await serve(OciImds())
     server.host["rdmaFabricData"] = {"ipv6": True, "planes": 2}
     provider = await started(server.url, rdma_host, tmp_path)
@@ -227,7 +228,7 @@ async def test_ipv6_fabric_moves_nics_as_before(serve, rdma_host: HostFacts, tmp
 
 @pytest.mark.root
 @pytest.mark.netns
-async def test_vnic_metadata_arrives_later(serve, rdma_host: HostFacts, tmp_path: Path) -> None:
+async def test_vnic_metadata_arrives_later(serve, rdma_host: HostProbe, tmp_path: Path) -> None:
     """A failing /opc/v2/vnics/ does not hold start-up: attributes come at once, the
     profile says it is not ready, and the background retry completes the metadata."""
     server = await serve(OciImds(broken={"/opc/v2/vnics/": 500}))
@@ -250,7 +251,7 @@ async def test_native_infiniband_nic_stays_on_the_host(serve, fake_host: FakeHos
     fake_host.rdma("mlx5_4", "0000:5e:00.0", link_layer="InfiniBand")
     fake_host.netdev("ibp94s0", pci="0000:5e:00.0", arphrd=32)
     server = await serve(OciImds())
-    host = HostFacts(sysfs_root=str(fake_host.sys), procfs_root=str(fake_host.proc))
+    host = HostProbe(sysfs_root=str(fake_host.sys), procfs_root=str(fake_host.proc))
     provider = await started(server.url, host, tmp_path)
     try:
         ipoib = DeviceInfo(

@@ -14,14 +14,8 @@ from pathlib import Path
 import pytest
 
 from services.inventory.cloud import webhook
-from services.inventory.cloud.base import (
-    Attribute,
-    DeviceInfo,
-    ProfileError,
-    ProfileErrorCode,
-    ProviderError,
-    Providers,
-)
+from services.inventory.cloud.base import DeviceInfo, ProfileError, ProfileErrorCode, ProviderError, Providers
+from shared.deviceattr import Attribute
 from shared.netconfig import NetworkConfig, RouteConfig
 from shared.netconfig.merge import merge
 from tests.integration.inventory.cloud.fakes import Webhook

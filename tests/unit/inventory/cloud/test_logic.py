@@ -11,17 +11,11 @@ from pathlib import Path
 import pytest
 
 from services.inventory.cloud import aws, azure, gce, oke
-from services.inventory.cloud.base import (
-    Attribute,
-    AttrKind,
-    Hint,
-    advertised_profiles,
-    attribute_problem,
-    strip_advertised_profile,
-)
+from services.inventory.cloud.base import Hint, advertised_profiles, strip_advertised_profile
 from services.inventory.cloud.base import ProviderError as PE
 from services.inventory.cloud.ipam import IPAMError, LeaseStore, range_from_cidr
 from services.inventory.cloud.metadata import first_true
+from shared.deviceattr import Attribute, AttrKind, attribute_problem
 from shared.netconfig import InterfaceConfig, InterfaceType, NetworkConfig
 
 
