@@ -18,6 +18,11 @@ Models (dranet v1.5 "Passthrough or IPvlan child", "RDMA modes"):
 
 Every device carries an altname tag (``altname_for``) while it is away from the host,
 so it is found after a move even if someone in the pod renamed it.
+
+One module (over 800 lines) because the observations, the step types and the planners are one
+vocabulary: each planner builds most of the step types, and the rollback and return plans are
+made by inverting steps of the attach plan, so splitting it would only spread one data model
+over several imports.
 """
 
 from __future__ import annotations

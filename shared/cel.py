@@ -13,6 +13,10 @@ singleton built with the first tree class), and it keeps the activation in modul
 safe from worker threads. celpy has no type checker; :func:`compile_filter` runs our own checker over
 the parse tree so that undeclared names, unknown fields and functions, mismatched literal types and
 invalid regular expression literals fail at compile time, with the position, as they do in cel-go.
+
+One module (over 800 lines) because its three parts share one set of private tables: the
+checker checks calls against the same function overloads and value types that the evaluator
+runs, and a split would either export those tables or keep two copies that can drift apart.
 """
 
 from __future__ import annotations

@@ -88,3 +88,15 @@ def get_level() -> str:
 def log_fields(**fields: Any) -> Mapping[str, Any]:
     """``extra=`` for a log call, dropping empty values: log.info("x", extra=log_fields(pod=...))."""
     return {k: v for k, v in fields.items() if v not in (None, "")}
+
+
+class FieldsLogger(logging.LoggerAdapter[logging.Logger]):
+    """A logger that adds an object's fields to every call, merged with the call's own
+    ``extra=`` (which win): ``self.log = FieldsLogger(log, conn=name)``."""
+
+    def __init__(self, logger: logging.Logger, **fields: Any) -> None:
+        super().__init__(logger, dict(log_fields(**fields)))
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        kwargs["extra"] = {**(self.extra or {}), **kwargs.get("extra", {})}
+        return msg, kwargs

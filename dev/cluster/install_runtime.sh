@@ -4,7 +4,7 @@
 #
 #   dev/cluster/install_runtime.sh [CACHE_DIR]
 #
-# What it does (see ../shared/reference/real-runtime.md for why each piece):
+# What it does (bookworm's containerd 1.6 has no NRI; trixie's 1.7 does and needs only libc):
 #   - apt-get install (bookworm, the system sources): runc containernetworking-plugins gcc libc6-dev,
 #     only those not installed yet.
 #   - containerd 1.7 and the CRI api.proto from Debian trixie through a PRIVATE apt configuration under

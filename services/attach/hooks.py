@@ -14,6 +14,10 @@ one device too (a lock per device), so a device handed from a stopping pod to
 a starting one is back on the host before it moves again. The runtime holds a
 node-wide lock while a hook runs: the hooks read the store once and write it
 afterwards, in order (writer.py).
+
+One module (over 800 lines) because every hook is a method over the same state of
+``AttachHooks`` (the books, the locks, the recovery in progress): the parts that do not need
+that state already live apart (books.py, writer.py, pins.py, engine.py).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from services.attach.writer import StoreWriter
 from shared.attachplan import DeviceNode
 from shared.logs import log_fields
 from shared.storeclient import StoreCallError, StoreClient
+from shared.tasks import TaskSet
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +134,7 @@ class AttachHooks(NriHandlers):
         self.records = Records(self.config.driver)
         self.pods: dict[str, PodTrack] = {}
         self._locks = _KeyedLocks()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = TaskSet()
         self._recovered = asyncio.Event()
         self._recovered.set()
         self._recovery: asyncio.Task[None] | None = None
@@ -145,17 +150,13 @@ class AttachHooks(NriHandlers):
     # -- helpers ---------------------------------------------------------------------
 
     def _spawn(self, coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+        return self._tasks.spawn(coro, name)
 
     async def close(self, timeout_s: float = 5.0) -> None:
         """Let netlink work already started finish (never leave a device half-moved)."""
-        pending = [t for t in self._tasks if not t.done()]
-        if pending:
-            log.info("waiting for device work in flight", extra=log_fields(tasks=len(pending)))
-            await asyncio.wait(pending, timeout=timeout_s)
+        if self._tasks:
+            log.info("waiting for device work in flight", extra=log_fields(tasks=len(self._tasks)))
+            await self._tasks.wait(timeout_s)
 
     @property
     def recovering(self) -> bool:

@@ -3,8 +3,9 @@ and move the calling thread between namespaces.
 
 setns(CLONE_NEWNET) changes only the calling thread. Attach runs each device
 operation in a fresh thread that enters the pod netns for the sockets, sysctls and
-ethtool it needs there, so the event loop's thread never changes namespace (this is
-the "thread + setns" way of packages.md: no fork, unlike pyroute2's netns=).
+ethtool it needs there, so the event loop's thread never changes namespace (no fork: pyroute2's
+netns= argument instead forks a helper process per namespace, and passes
+the socket back, about 7.5 ms per open).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from proto.dranet.store.v1 import store_pb2 as pb
 from proto.dranet.store.v1 import store_pb2_grpc
 from services.store import metrics
 from services.store.db import Change, StoreDB, StoreError
+from shared.tasks import TaskSet
 
 log = logging.getLogger(__name__)
 
@@ -365,7 +366,7 @@ class StoreService(store_pb2_grpc.PodConfigStoreServicer):
         """Uses the handler's read/write API rather than iterators: one fewer queue
         and task switch per call, which is most of a session read's cost."""
         write_lock = asyncio.Lock()
-        pending: set[asyncio.Task[None]] = set()
+        pending = TaskSet()
 
         async def send(resp: pb.SessionResponse) -> None:
             async with write_lock:
@@ -379,15 +380,14 @@ class StoreService(store_pb2_grpc.PodConfigStoreServicer):
             with self._stream():
                 await self._session_loop(context, send, handle, pending)
         finally:
-            if pending:
-                await asyncio.gather(*pending, return_exceptions=True)
+            await pending.gather()
 
     async def _session_loop(
         self,
         context: Any,
         send: Callable[[pb.SessionResponse], Awaitable[None]],
         handle: Callable[[pb.SessionRequest], Coroutine[Any, Any, None]],
-        pending: set[asyncio.Task[None]],
+        pending: TaskSet,
     ) -> None:
         while True:
             req = await self._unless_closing(context.read())
@@ -397,9 +397,7 @@ class StoreService(store_pb2_grpc.PodConfigStoreServicer):
                 # Reads come from memory: answer inline.
                 await send(await self._session_call(req))
                 continue
-            t = asyncio.create_task(handle(req))
-            pending.add(t)
-            t.add_done_callback(pending.discard)
+            pending.spawn(handle(req))
 
     async def _session_call(self, req: pb.SessionRequest) -> pb.SessionResponse:
         started = time.perf_counter()

@@ -31,3 +31,14 @@ def test_bad_level_names_the_choices() -> None:
     with pytest.raises(ValueError, match="log level 'LOUD' is not one of DEBUG, INFO, WARNING, ERROR"):
         logs.set_level("LOUD")
     assert logs.normalize_level("warn") == "WARNING"
+
+
+def test_fields_logger_adds_its_fields_and_the_call_can_add_or_override() -> None:
+    out = io.StringIO()
+    logs.setup("unit", "INFO", stream=out)
+    log = logs.FieldsLogger(logging.getLogger("t.obj"), conn="nri/conn1", pod="", stream=None)
+    log.info("one")
+    log.info("two", extra=logs.log_fields(stream=3, conn="other"))
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert lines[0]["conn"] == "nri/conn1" and "pod" not in lines[0] and "stream" not in lines[0]
+    assert lines[1]["conn"] == "other" and lines[1]["stream"] == 3

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from services.attach.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, MuxDecoder, frames_for_message
 from services.attach.nri.rpc import ConnectionClosed, Handler, Send, TtrpcClient, TtrpcServer
 from services.attach.nri.ttrpc import Frame, FrameDecoder, ProtocolError
-from shared.logs import log_fields
+from shared.logs import FieldsLogger
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,7 @@ class NriConnection:
         self._reader = reader
         self._writer = writer
         self._name = name
+        self._log = FieldsLogger(log, conn=name)
         self._mux = MuxDecoder()
         self._streams = {serve_conn: FrameDecoder(), call_conn: FrameDecoder()}
         self.server = TtrpcServer(services, self._sender(serve_conn), name=f"{name}/conn{serve_conn}")
@@ -122,11 +123,7 @@ class NriConnection:
                 for conn_id, payload in self._mux.feed(data):
                     stream = self._streams.get(conn_id)
                     if stream is None:
-                        log.debug(
-                            "dropping mux frame for unknown conn %d",
-                            conn_id,
-                            extra=log_fields(conn=self._name),
-                        )
+                        self._log.debug("dropping mux frame for unknown conn %d", conn_id)
                         continue
                     route = self._routes[conn_id]
                     for frame in stream.feed(payload):
@@ -135,7 +132,7 @@ class NriConnection:
             return
         except ProtocolError as e:
             reason = f"protocol error: {e}"
-            log.error("NRI connection broken: %s", e, extra=log_fields(conn=self._name))
+            self._log.error("NRI connection broken: %s", e)
         except (ConnectionError, OSError) as e:
             reason = f"read failed: {e}"
         if self._closing is None:
@@ -159,4 +156,4 @@ class NriConnection:
         with contextlib.suppress(Exception):
             await self._writer.wait_closed()
         self._closed.set()
-        log.debug("NRI connection closed: %s", reason, extra=log_fields(conn=self._name))
+        self._log.debug("NRI connection closed: %s", reason)

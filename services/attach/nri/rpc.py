@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Protocol, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any, Protocol, TypeVar
 
 from proto.ttrpc import ttrpc_pb2
 from services.attach.nri.ttrpc import (
@@ -25,7 +25,8 @@ from services.attach.nri.ttrpc import (
     code_name,
     encode_message,
 )
-from shared.logs import log_fields
+from shared.logs import FieldsLogger, log_fields
+from shared.tasks import TaskSet
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +70,9 @@ class TtrpcServer:
         self._services = services
         self._send = send
         self._name = name
+        self._log = FieldsLogger(log, conn=name)
         self._last_stream_id = 0
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet()
         self._closed = False
 
     @property
@@ -104,12 +106,7 @@ class TtrpcServer:
             self._spawn(self._reply_status(sid, Code.INVALID_ARGUMENT, "StreamID is no longer active"))
             return
         if frame.type != MessageType.REQUEST:
-            log.debug(
-                "ignoring ttrpc message of type %d on stream %d",
-                frame.type,
-                sid,
-                extra=log_fields(conn=self._name),
-            )
+            self._log.debug("ignoring ttrpc message of type %d on stream %d", frame.type, sid)
             return
         if sid <= self._last_stream_id:
             self._spawn(
@@ -139,16 +136,10 @@ class TtrpcServer:
     async def close(self) -> None:
         """Cancel every running handler; nothing more is answered."""
         self._closed = True
-        tasks = list(self._tasks)
-        for t in tasks:
-            t.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.cancel()
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        self._tasks.spawn(coro)
 
     async def _serve(self, sid: int, req: ttrpc_pb2.Request, handler: Handler) -> None:
         loop = asyncio.get_running_loop()
@@ -168,7 +159,9 @@ class TtrpcServer:
                 resp.status.message = str(e) or repr(e)
         except Exception as e:
             # Go's server turns a plain error into UNKNOWN with its text; do the same.
-            log.exception("ttrpc handler failed", extra=log_fields(method=f"{req.service}/{req.method}"))
+            self._log.exception(
+                "ttrpc handler failed", extra=log_fields(method=f"{req.service}/{req.method}")
+            )
             resp.status.code = Code.UNKNOWN
             resp.status.message = str(e) or repr(e)
         data = resp.SerializeToString()
@@ -185,7 +178,7 @@ class TtrpcServer:
         await self._write(sid, data)
 
     async def _reply_status(self, sid: int, code: Code, message: str) -> None:
-        log.debug("ttrpc answering %s: %s", code.name, message, extra=log_fields(conn=self._name, stream=sid))
+        self._log.debug("ttrpc answering %s: %s", code.name, message, extra=log_fields(stream=sid))
         resp = ttrpc_pb2.Response()
         resp.status.code = code
         resp.status.message = message
@@ -198,7 +191,7 @@ class TtrpcServer:
         try:
             await self._send(Header(len(data), sid, MessageType.RESPONSE).encode() + data)
         except (ConnectionError, OSError) as e:
-            log.debug("ttrpc response on stream %d not sent: %s", sid, e, extra=log_fields(conn=self._name))
+            self._log.debug("ttrpc response on stream %d not sent: %s", sid, e)
 
 
 class TtrpcClient:
@@ -207,6 +200,7 @@ class TtrpcClient:
     def __init__(self, send: Send, name: str = "ttrpc") -> None:
         self._send = send
         self._name = name
+        self._log = FieldsLogger(log, conn=name)
         self._next_id = 1
         self._pending: dict[int, asyncio.Future[Frame]] = {}
         self._closed: BaseException | None = None
@@ -215,11 +209,7 @@ class TtrpcClient:
         """Accept one received frame; never waits."""
         fut = self._pending.get(frame.stream_id)
         if fut is None or fut.done():
-            log.debug(
-                "ttrpc response for unknown stream %d dropped",
-                frame.stream_id,
-                extra=log_fields(conn=self._name),
-            )
+            self._log.debug("ttrpc response for unknown stream %d dropped", frame.stream_id)
             return
         fut.set_result(frame)
 

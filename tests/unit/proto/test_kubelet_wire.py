@@ -1,5 +1,6 @@
 """Our kubelet protos (plugin registration, DRA v1 and v1beta1) against the
-upstream wire facts of k8s.io/kubelet (protocols.md sections 1 and 2)."""
+upstream wire facts of k8s.io/kubelet (pkg/apis/pluginregistration/v1 and
+pkg/apis/dra/v1 and v1beta1 api.proto)."""
 
 from __future__ import annotations
 

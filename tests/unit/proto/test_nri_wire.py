@@ -1,8 +1,8 @@
 """Our NRI, ttrpc and google.rpc protos against the upstream wire facts.
 
 The tables below were written from containerd/nri's pkg/api/api.proto (v0.6.1,
-as containerd 1.7.16-1.7.25 vendors it, plus the later fields listed in
-protocols.md section 4.8) and containerd/ttrpc's request.proto. They are
+as containerd 1.7.16-1.7.25 vendors it, plus the fields later NRI
+releases added that we use) and containerd/ttrpc's request.proto. They are
 compared with the descriptors generated from our .proto files, so a renamed
 package, a renumbered field or a changed type fails here, not on a node.
 """
