@@ -1010,9 +1010,12 @@ class KubeCluster:
     def apply(self, manifest: str) -> str:
         return self.kubectl("apply", "-f", "-", input=manifest)
 
-    def service_identity(self, service: str, namespace: str = "kube-system") -> Path:
-        """A ServiceAccount ``dranet-<service>`` bound to the chart's ClusterRole, and a kubeconfig
-        holding a token for it (the identity the service has in the DaemonSet).
+    def service_identity(
+        self, service: str, namespace: str = "kube-system", rbac: str | None = None
+    ) -> Path:
+        """A ServiceAccount ``dranet-<service>`` bound to the chart's ClusterRole (or to the
+        ServiceAccount, role and binding of ``rbac``, YAML), and a kubeconfig holding a token for
+        it (the identity the service has in the DaemonSet).
 
         The token is bound to this cluster's Node, as the DaemonSet pod's projected token is
         (through its Pod): the API server then sees the same ``authentication.kubernetes.io/
@@ -1021,7 +1024,7 @@ class KubeCluster:
         ``resourceclaims/driver``) checks. Unbound when there is no Node yet."""
         from dev.cluster import chart
 
-        self.apply(chart.rbac_for(f"dranet-{service}", namespace))
+        self.apply(rbac if rbac is not None else chart.rbac_for(f"dranet-{service}", namespace))
         spec: dict[str, Any] = {"expirationSeconds": 86400}
         node = self.api.call("GET", f"/api/v1/nodes/{self.node_name}", ok=(200, 404))
         if node.get("kind") == "Node":
