@@ -22,11 +22,12 @@ typecheck: setup
 # dev/versions.env, built by .ci/setup): `make test` ends with it, `make test-next` runs it alone.
 # Every `cluster` test but those whose subject does not change with the Kubernetes version (the
 # churn soak, helm upgrade, `make up`'s second cluster, config fuzzing, compose, DHCP, GCE
-# metadata), to keep CI within its time: about 11 min here instead of 14 (and the churn's run).
+# metadata, the differential tests against dranet), to keep CI within its time: about 11 min
+# here instead of 14 (and the churn's run).
 KUBE_NEXT := $(shell sed -n 's/^KUBE_VERSION_NEXT=//p' dev/versions.env)
 NEXT_SKIP = tests/e2e/test_churn.py tests/e2e/test_upgrade.py tests/e2e/test_make_up.py \
 	tests/e2e/test_config_fuzz.py tests/e2e/test_compose.py tests/integration/dhcp \
-	tests/e2e/test_prepare_gce.py
+	tests/e2e/test_prepare_gce.py tests/e2e/test_vs_dranet.py
 NEXT_TESTS ?= tests -m cluster $(addprefix --ignore=,$(NEXT_SKIP))
 NEXT_TIER = DRANET_KUBE_VERSION=$(KUBE_NEXT) .venv/bin/python -m pytest $(NEXT_TESTS) -q
 
