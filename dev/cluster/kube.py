@@ -1010,9 +1010,7 @@ class KubeCluster:
     def apply(self, manifest: str) -> str:
         return self.kubectl("apply", "-f", "-", input=manifest)
 
-    def service_identity(
-        self, service: str, namespace: str = "kube-system", rbac: str | None = None
-    ) -> Path:
+    def service_identity(self, service: str, namespace: str = "kube-system", rbac: str | None = None) -> Path:
         """A ServiceAccount ``dranet-<service>`` bound to the chart's ClusterRole (or to the
         ServiceAccount, role and binding of ``rbac``, YAML), and a kubeconfig holding a token for
         it (the identity the service has in the DaemonSet).
