@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import http.client
 import json
@@ -186,34 +187,36 @@ class PodTimes:
     events: threading.Event = field(default_factory=threading.Event)
 
 
-class PodWatch:
-    """A watch on the Pods of one namespace, read in a thread of its own."""
+class Watch(abc.ABC):
+    """One watch on the API server, read in a thread of its own: each event goes to
+    ``on_event(event, perf_counter time)`` under ``cond``, which is then notified; a watch
+    that ends or fails surfaces as ``error`` in the waits of the subclass."""
 
-    def __init__(self, cluster: KubeCluster, ns: str) -> None:
+    what = "watch"
+
+    def __init__(self, cluster: KubeCluster) -> None:
         self.cluster = cluster
-        self.ns = ns
-        self.pods: dict[str, PodTimes] = {}
         self.cond = threading.Condition()
         self.stopping = False
         self.error: BaseException | None = None
         self.conn: http.client.HTTPSConnection | None = None
-        self.thread = threading.Thread(target=self._run, name="pod-watch", daemon=True)
+        self.thread = threading.Thread(target=self._run, name=self.what.replace(" ", "-"), daemon=True)
 
-    def start(self) -> PodWatch:
-        rv = self.cluster.api.get(f"/api/v1/namespaces/{self.ns}/pods")["metadata"]["resourceVersion"]
-        self.rv = rv
+    def open(self, path: str, rv: str) -> None:
+        """Watch ``path`` (a collection, maybe with a selector) from resourceVersion ``rv``."""
         self.conn = http.client.HTTPSConnection(
             self.cluster.net.host_ip, self.cluster.api_port, context=_context(self.cluster), timeout=None
         )
-        self.conn.request(
-            "GET",
-            f"/api/v1/namespaces/{self.ns}/pods?watch=1&resourceVersion={rv}&timeoutSeconds=7200",
-        )
+        sep = "&" if "?" in path else "?"
+        self.conn.request("GET", f"{path}{sep}watch=1&resourceVersion={rv}&timeoutSeconds=7200")
         self.resp = self.conn.getresponse()
         if self.resp.status != 200:
-            raise RuntimeError(f"watch: HTTP {self.resp.status}: {self.resp.read()[:300]!r}")
+            raise RuntimeError(f"{self.what}: HTTP {self.resp.status}: {self.resp.read()[:300]!r}")
         self.thread.start()
-        return self
+
+    @abc.abstractmethod
+    def on_event(self, ev: dict[str, Any], now: float) -> None:
+        """What one event (a decoded watch line, not ERROR) means to this kind of watch."""
 
     def _run(self) -> None:
         try:
@@ -221,46 +224,25 @@ class PodWatch:
                 line = self.resp.readline()
                 if not line:
                     if not self.stopping:
-                        raise RuntimeError("the Pod watch ended")
+                        raise RuntimeError(f"the {self.what} ended")
                     return
                 now = time.perf_counter()
                 ev = json.loads(line)
-                obj = ev.get("object") or {}
                 if ev.get("type") == "ERROR":
-                    raise RuntimeError(f"the Pod watch failed: {obj}")
-                name = obj.get("metadata", {}).get("name")
-                if not name:
-                    continue
+                    raise RuntimeError(f"the {self.what} failed: {ev.get('object')}")
                 with self.cond:
-                    t = self.pods.setdefault(name, PodTimes())
-                    if t.scheduled is None and obj.get("spec", {}).get("nodeName"):
-                        t.scheduled = now
-                    if t.running is None and (obj.get("status") or {}).get("phase") == "Running":
-                        t.running = now
-                    if t.deleted is None and ev.get("type") == "DELETED":
-                        t.deleted = now
+                    self.on_event(ev, now)
                     self.cond.notify_all()
-        except BaseException as exc:  # surfaced by wait()
+        except BaseException as exc:  # surfaced by the waits
             if not self.stopping:
                 with self.cond:
                     self.error = exc
                     self.cond.notify_all()
 
-    def wait(self, name: str, what: str, within: float = 90.0) -> float:
-        """The perf_counter time at which Pod ``name`` was first seen ``what`` (scheduled,
-        running, deleted)."""
-        deadline = time.monotonic() + within
-        with self.cond:
-            while True:
-                if self.error is not None:
-                    raise RuntimeError(f"pod watch: {self.error}")
-                got = getattr(self.pods.get(name, PodTimes()), what)
-                if got is not None:
-                    return float(got)
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"pod {self.ns}/{name} not {what} within {within:.0f}s")
-                self.cond.wait(min(left, 1.0))
+    def check(self) -> None:
+        """Under ``cond``: raise the watch's failure, if any."""
+        if self.error is not None:
+            raise RuntimeError(f"{self.what}: {self.error}")
 
     def stop(self) -> None:
         self.stopping = True
@@ -273,8 +255,99 @@ class PodWatch:
         self.thread.join(5)
 
 
+class PodWatch(Watch):
+    """A watch on the Pods of one namespace: the first time each was seen scheduled, Running
+    and deleted."""
+
+    what = "Pod watch"
+
+    def __init__(self, cluster: KubeCluster, ns: str) -> None:
+        super().__init__(cluster)
+        self.ns = ns
+        self.pods: dict[str, PodTimes] = {}
+
+    def start(self) -> PodWatch:
+        path = f"/api/v1/namespaces/{self.ns}/pods"
+        self.open(path, self.cluster.api.get(path)["metadata"]["resourceVersion"])
+        return self
+
+    def on_event(self, ev: dict[str, Any], now: float) -> None:
+        obj = ev.get("object") or {}
+        name = obj.get("metadata", {}).get("name")
+        if not name:
+            return
+        t = self.pods.setdefault(name, PodTimes())
+        if t.scheduled is None and obj.get("spec", {}).get("nodeName"):
+            t.scheduled = now
+        if t.running is None and (obj.get("status") or {}).get("phase") == "Running":
+            t.running = now
+        if t.deleted is None and ev.get("type") == "DELETED":
+            t.deleted = now
+
+    def wait(self, name: str, what: str, within: float = 90.0) -> float:
+        """The perf_counter time at which Pod ``name`` was first seen ``what`` (scheduled,
+        running, deleted)."""
+        deadline = time.monotonic() + within
+        with self.cond:
+            while True:
+                self.check()
+                got = getattr(self.pods.get(name, PodTimes()), what)
+                if got is not None:
+                    return float(got)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"pod {self.ns}/{name} not {what} within {within:.0f}s")
+                self.cond.wait(min(left, 1.0))
+
+
 # ----------------------------------------------------------------------------------------------
 # One cluster with the driver
+
+
+def claim_body(
+    name: str, device_class: str, config: dict[str, Any] | None, selector: str | None = None
+) -> dict[str, Any]:
+    """A ResourceClaim for one device of ``device_class``, with ``config`` as its opaque parameters."""
+    configs = [{"parameters": config}] if config is not None else []
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": Kube.claim_spec(device_class, selector, configs),
+    }
+
+
+def pod_body(name: str, claims: Sequence[str] = ()) -> dict[str, Any]:
+    """A pause Pod using the named claims, quick to stop (2 s grace, no token, no links)."""
+    refs = [{"name": f"c{i}", "resourceClaimName": c} for i, c in enumerate(claims)]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [
+                {
+                    "name": "app",
+                    "image": "local/pause:1",
+                    "imagePullPolicy": "Never",
+                    "resources": {"claims": [{"name": r["name"]} for r in refs]} if refs else {},
+                }
+            ],
+            "resourceClaims": refs,
+            "terminationGracePeriodSeconds": 2,
+            "enableServiceLinks": False,
+            "automountServiceAccountToken": False,
+        },
+    }
+
+
+def wait_nics_home(cluster: KubeCluster, nics: Sequence[str], within: float = 60.0) -> None:
+    """Until every NIC of ``nics`` is back in the node's namespace (the driver gave it back)."""
+    deadline = time.monotonic() + within
+    while missing := [n for n in nics if not cluster.net.has_link(n)]:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"NICs {missing[:3]} not back in the node namespace")
+        time.sleep(0.05)
 
 
 @dataclass
@@ -293,13 +366,7 @@ class Bench:
     def claim_body(
         self, name: str, config: dict[str, Any] | None, selector: str | None = None
     ) -> dict[str, Any]:
-        configs = [{"parameters": config}] if config is not None else []
-        return {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name},
-            "spec": Kube.claim_spec(self.device_class, selector, configs),
-        }
+        return claim_body(name, self.device_class, config, selector)
 
     def create_claim(self, name: str, config: dict[str, Any] | None, selector: str | None = None) -> None:
         self.api.call(
@@ -309,26 +376,7 @@ class Bench:
         )
 
     def pod_body(self, name: str, claims: Sequence[str] = ()) -> dict[str, Any]:
-        refs = [{"name": f"c{i}", "resourceClaimName": c} for i, c in enumerate(claims)]
-        return {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name},
-            "spec": {
-                "containers": [
-                    {
-                        "name": "app",
-                        "image": "local/pause:1",
-                        "imagePullPolicy": "Never",
-                        "resources": {"claims": [{"name": r["name"]} for r in refs]} if refs else {},
-                    }
-                ],
-                "resourceClaims": refs,
-                "terminationGracePeriodSeconds": 2,
-                "enableServiceLinks": False,
-                "automountServiceAccountToken": False,
-            },
-        }
+        return pod_body(name, claims)
 
     def create_pod(self, name: str, claims: Sequence[str] = ()) -> tuple[float, int, str]:
         """POST the Pod; the perf_counter time and the wall clock (ns, to compare with CRI's
@@ -364,15 +412,7 @@ class Bench:
             time.sleep(0.05)
 
     def wait_nics_home(self, within: float = 60.0) -> None:
-        """Until every bench NIC is back in the node's namespace (attach gave it back)."""
-        deadline = time.monotonic() + within
-        while True:
-            missing = [n for n in self.nics if not self.cluster.net.has_link(n)]
-            if not missing:
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"NICs {missing[:3]} not back in the node namespace")
-            time.sleep(0.05)
+        wait_nics_home(self.cluster, self.nics, within)
 
 
 @contextlib.contextmanager

@@ -76,7 +76,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import http.client
 import json
 import os
 import re
@@ -84,7 +83,6 @@ import secrets
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,9 +99,12 @@ from tests.bench._cluster import (
     KeepAlive,
     KubeletMetrics,
     PodWatch,
-    _context,
+    Watch,
+    claim_body,
     p50,
+    pod_body,
     say,
+    wait_nics_home,
 )
 from tests.support.kube import Kube, on
 
@@ -139,38 +140,27 @@ def cpu_s(pid: int) -> float:
 # A watch on the node's ResourceSlices
 
 
-class SliceWatch:
+class SliceWatch(Watch):
     """The node's ResourceSlices of dra.net, kept current by one watch in a thread; ``expect``
     a set of device names, then ``wait`` for the perf_counter time of the event after which the
     slices held all of them."""
 
+    what = "ResourceSlice watch"
+
     def __init__(self, cluster: KubeCluster) -> None:
-        self.cluster = cluster
+        super().__init__(cluster)
         self.slices: dict[str, list[str]] = {}
-        self.cond = threading.Condition()
         self.target: set[str] = set()
         self.hit: float | None = None
         self.best = 0
         self.best_sizes: list[int] = []
-        self.stopping = False
-        self.error: BaseException | None = None
-        self.conn: http.client.HTTPSConnection | None = None
-        self.thread = threading.Thread(target=self._run, name="slice-watch", daemon=True)
 
     def start(self) -> SliceWatch:
-        sel = f"fieldSelector=spec.nodeName={self.cluster.node_name}"
-        listed = self.cluster.api.get(f"{SLICES}?{sel}")
+        path = f"{SLICES}?fieldSelector=spec.nodeName={self.cluster.node_name}"
+        listed = self.cluster.api.get(path)
         for s in listed["items"]:
             self._apply("ADDED", s)
-        self.conn = http.client.HTTPSConnection(
-            self.cluster.net.host_ip, self.cluster.api_port, context=_context(self.cluster), timeout=None
-        )
-        rv = listed["metadata"]["resourceVersion"]
-        self.conn.request("GET", f"{SLICES}?{sel}&watch=1&resourceVersion={rv}&timeoutSeconds=7200")
-        self.resp = self.conn.getresponse()
-        if self.resp.status != 200:
-            raise RuntimeError(f"slice watch: HTTP {self.resp.status}: {self.resp.read()[:300]!r}")
-        self.thread.start()
+        self.open(path, listed["metadata"]["resourceVersion"])
         return self
 
     def _apply(self, kind: str, obj: dict[str, Any]) -> None:
@@ -187,36 +177,18 @@ class SliceWatch:
         with self.cond:
             return {d for devs in self.slices.values() for d in devs}
 
-    def _run(self) -> None:
-        try:
-            while not self.stopping:
-                line = self.resp.readline()
-                if not line:
-                    if not self.stopping:
-                        raise RuntimeError("the ResourceSlice watch ended")
-                    return
-                now = time.perf_counter()
-                ev = json.loads(line)
-                if ev.get("type") == "ERROR":
-                    raise RuntimeError(f"the ResourceSlice watch failed: {ev.get('object')}")
-                if ev.get("type") not in ("ADDED", "MODIFIED", "DELETED"):
-                    continue
-                with self.cond:
-                    self._apply(ev["type"], ev.get("object") or {})
-                    if self.target:
-                        have = {d for devs in self.slices.values() for d in devs}
-                        n = len(self.target & have)
-                        if n > self.best:
-                            self.best = n
-                            self.best_sizes = sorted((len(v) for v in self.slices.values()), reverse=True)
-                        if self.hit is None and n == len(self.target):
-                            self.hit = now
-                    self.cond.notify_all()
-        except BaseException as exc:  # surfaced by wait()
-            if not self.stopping:
-                with self.cond:
-                    self.error = exc
-                    self.cond.notify_all()
+    def on_event(self, ev: dict[str, Any], now: float) -> None:
+        if ev.get("type") not in ("ADDED", "MODIFIED", "DELETED"):
+            return
+        self._apply(ev["type"], ev.get("object") or {})
+        if self.target:
+            have = {d for devs in self.slices.values() for d in devs}
+            n = len(self.target & have)
+            if n > self.best:
+                self.best = n
+                self.best_sizes = sorted((len(v) for v in self.slices.values()), reverse=True)
+            if self.hit is None and n == len(self.target):
+                self.hit = now
 
     def expect(self, names: set[str]) -> None:
         with self.cond:
@@ -226,8 +198,7 @@ class SliceWatch:
         deadline = time.monotonic() + within
         with self.cond:
             while self.hit is None:
-                if self.error is not None:
-                    raise RuntimeError(f"slice watch: {self.error}")
+                self.check()
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None
@@ -238,22 +209,11 @@ class SliceWatch:
         deadline = time.monotonic() + within
         with self.cond:
             while not pred({d for devs in self.slices.values() for d in devs}):
-                if self.error is not None:
-                    raise RuntimeError(f"slice watch: {self.error}")
+                self.check()
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError(f"{what} not within {within:.0f}s")
                 self.cond.wait(min(left, 1.0))
-
-    def stop(self) -> None:
-        self.stopping = True
-        if self.conn is not None:
-            with contextlib.suppress(Exception):
-                if self.conn.sock is not None:
-                    self.conn.sock.shutdown(2)
-            with contextlib.suppress(Exception):
-                self.conn.close()
-        self.thread.join(5)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -390,34 +350,11 @@ class Bench:
     # -- objects --------------------------------------------------------------------------------
 
     def claim(self, name: str, nic: str) -> None:
-        body = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name},
-            "spec": Kube.claim_spec(self.dc, on(nic), [{"parameters": {"interface": {"name": "net1"}}}]),
-        }
+        body = claim_body(name, self.dc, {"interface": {"name": "net1"}}, on(nic))
         self.api.call("POST", f"/apis/resource.k8s.io/v1/namespaces/{self.ns}/resourceclaims", body)
 
     def pod(self, name: str, claim: str) -> float:
-        body = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name},
-            "spec": {
-                "containers": [
-                    {
-                        "name": "app",
-                        "image": "local/pause:1",
-                        "imagePullPolicy": "Never",
-                        "resources": {"claims": [{"name": "c0"}]},
-                    }
-                ],
-                "resourceClaims": [{"name": "c0", "resourceClaimName": claim}],
-                "terminationGracePeriodSeconds": 2,
-                "enableServiceLinks": False,
-                "automountServiceAccountToken": False,
-            },
-        }
+        body = pod_body(name, [claim])
         t = time.perf_counter()
         self.api.call("POST", f"/api/v1/namespaces/{self.ns}/pods", body)
         return t
@@ -440,11 +377,7 @@ class Bench:
             time.sleep(0.1)
 
     def wait_nics_home(self, within: float = 60.0) -> None:
-        deadline = time.monotonic() + within
-        while missing := [n for n in self.nics if not self.c.net.has_link(n)]:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"NICs {missing[:3]} not back in the node namespace")
-            time.sleep(0.1)
+        wait_nics_home(self.c, self.nics, within)
 
     def cleanup(self) -> None:
         """Every Pod and claim of the namespace gone, the NICs back."""
