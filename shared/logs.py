@@ -68,7 +68,7 @@ def setup(service: str, level: str = "INFO", stream: TextIO | None = None) -> No
         "uvicorn.access",
         "uvicorn.error",
         "hpack",
-        "kubernetes_asyncio",
+        "h11",
         "celpy",
     ):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -43,7 +43,6 @@ from proto.dranet.store.v1 import store_pb2
 from services.attach import rdma
 from services.attach.engine import Attached, AttachFailed, DetachFailed, Location
 from services.attach.netdev_steps import Run, StepFailed, apply_best_effort, apply_step, errtext
-from services.attach.netns import NetnsGone, open_netns
 from shared.attachplan import (
     AttachObservation,
     AttachPlan,
@@ -66,6 +65,7 @@ from shared.attachplan import (
     plan_rollback,
 )
 from shared.logs import log_fields
+from shared.netns import NetnsGone, open_netns
 
 log = logging.getLogger(__name__)
 

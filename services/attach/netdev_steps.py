@@ -27,7 +27,6 @@ from services.attach.netdev_nl import (
     attr_u16,
     attr_u32,
 )
-from services.attach.netns import NetnsError, NetnsGone, open_netns, same_netns, setns
 from shared.attachplan import (
     AddAddress,
     AddAltname,
@@ -55,6 +54,7 @@ from shared.attachplan import (
     Step,
     WriteSysctl,
 )
+from shared.netns import NetnsError, NetnsGone, open_netns, same_netns, setns
 
 # Errors of an "add" that mean the thing is already there (converge, do not undo).
 _EXISTS = (errno.EEXIST,)

@@ -1,8 +1,8 @@
 """dranet-inventory: discovers the node's network and RDMA devices, publishes them
 as ResourceSlices and answers device lookups on <run-dir>/inventory.sock. It also
 serves the pod's HTTP endpoint (--metrics-port: /metrics of all four services,
-/healthz, /readyz; shared/httpendpoint.py): this process already carries
-kubernetes_asyncio and aiohttp, so FastAPI and uvicorn add the least here.
+/healthz, /readyz; shared/httpendpoint.py), so FastAPI and uvicorn are loaded in one
+process only, and only when that port is set.
 
     python -m services.inventory --node-name node1 --kubeconfig kubeconfig.yaml
 """

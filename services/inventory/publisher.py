@@ -17,9 +17,9 @@ takes its slices over without churn.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
+import ssl
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +27,7 @@ from typing import Any
 
 from services.inventory import metrics, pooling
 from services.inventory.pooling import Json, PublishedSlice
+from shared import kubeapi
 
 log = logging.getLogger(__name__)
 
@@ -34,79 +35,44 @@ DRIVER = "dra.net"
 API_VERSION = "resource.k8s.io/v1"
 
 
-class ApiError(Exception):
-    """The API server answered with an error status (0: no answer at all)."""
+# The API client's error: ``status`` is the HTTP status, 0 when there was no answer.
+ApiError = kubeapi.ApiError
 
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{status}: {message}" if status else message)
-        self.status = status
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
 
 class SliceClient:
-    """ResourceSlice and Node calls as raw dicts over a kubernetes-asyncio ApiClient.
+    """ResourceSlice and Node calls as raw dicts over a shared/kubeapi.py KubeApi; every
+    call has a timeout."""
 
-    Raw JSON skips the client's model (de)serialization, which costs milliseconds
-    per 128-device slice; every call has a timeout.
-    """
-
-    def __init__(self, api_client: Any, timeout: float = 10.0) -> None:
-        from kubernetes_asyncio import client
-
-        self.api_client = api_client
-        self.resource = client.ResourceV1Api(api_client)
-        self.core = client.CoreV1Api(api_client)
+    def __init__(self, api: kubeapi.KubeApi, timeout: float = 10.0) -> None:
+        self.api = api
         self.timeout = timeout
 
-    async def _call(self, method: Any, *args: Any, **kwargs: Any) -> Json:
-        from kubernetes_asyncio.client.exceptions import ApiException
-
-        try:
-            resp = await method(*args, _preload_content=False, _request_timeout=self.timeout, **kwargs)
-        except ApiException as exc:
-            raise ApiError(int(exc.status or 0), str(exc.reason or exc)) from None
-        except (TimeoutError, OSError) as exc:
-            raise ApiError(0, f"API server unreachable: {exc!r}") from None
-        except Exception as exc:  # aiohttp.ClientError and friends
-            if type(exc).__module__.startswith("aiohttp"):
-                raise ApiError(0, f"API server unreachable: {exc!r}") from None
-            raise
-        try:
-            body = await resp.read()
-        finally:
-            resp.release()
-        if not 200 <= resp.status <= 299:
-            message = body.decode(errors="replace")
-            try:
-                message = json.loads(message).get("message", message)
-            except (ValueError, AttributeError):
-                pass
-            raise ApiError(resp.status, message)
-        data = json.loads(body) if body else {}
-        return data if isinstance(data, dict) else {}
+    async def _call(self, method: str, path: str, **kw: Any) -> Json:
+        return await self.api.request(method, path, deadline=self.timeout, **kw)
 
     async def list_slices(self, node_name: str, driver: str) -> list[Json]:
         out: list[Json] = []
         cont = ""
         while True:
-            kw: dict[str, Any] = {"field_selector": f"spec.nodeName={node_name},spec.driver={driver}"}
-            if cont:
-                kw["_continue"] = cont
-            page = await self._call(self.resource.list_resource_slice, **kw)
+            query = {"fieldSelector": f"spec.nodeName={node_name},spec.driver={driver}", "continue": cont}
+            page = await self._call("GET", SLICES, query=query)
             out.extend(page.get("items") or [])
             cont = (page.get("metadata") or {}).get("continue") or ""
             if not cont:
                 return out
 
     async def create_slice(self, obj: Json) -> Json:
-        return await self._call(self.resource.create_resource_slice, obj)
+        return await self._call("POST", SLICES, body=obj)
 
     async def replace_slice(self, name: str, obj: Json) -> Json:
-        return await self._call(self.resource.replace_resource_slice, name, obj)
+        return await self._call("PUT", f"{SLICES}/{name}", body=obj)
 
     async def delete_slice(self, name: str, uid: str, resource_version: str) -> None:
         body = {"preconditions": {"uid": uid, "resourceVersion": resource_version}}
         try:
-            await self._call(self.resource.delete_resource_slice, name, body=body)
+            await self._call("DELETE", f"{SLICES}/{name}", body=body)
         except ApiError as exc:
             if exc.status != 404:
                 raise
@@ -115,35 +81,26 @@ class SliceClient:
         """The resourceVersion of a (one-item) list of the node's slices: where a
         watch starts."""
         page = await self._call(
-            self.resource.list_resource_slice,
-            field_selector=f"spec.nodeName={node_name},spec.driver={driver}",
-            limit=1,
+            "GET",
+            SLICES,
+            query={"fieldSelector": f"spec.nodeName={node_name},spec.driver={driver}", "limit": 1},
         )
         return str((page.get("metadata") or {}).get("resourceVersion", ""))
 
     async def watch_slices(self, node_name: str, driver: str, resource_version: str) -> Any:
         """(type, object) for every change to the node's slices from ``resource_version``;
         ends when the server ends the watch. ApiError(410) when the version is too old."""
-        from kubernetes_asyncio import watch
-        from kubernetes_asyncio.client.exceptions import ApiException
-
-        w = watch.Watch(return_type="object")
-        try:
-            async for ev in w.stream(
-                self.resource.list_resource_slice,
-                field_selector=f"spec.nodeName={node_name},spec.driver={driver}",
-                resource_version=resource_version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=300,
-            ):
-                yield ev["type"], ev["raw_object"]
-        except ApiException as exc:
-            raise ApiError(int(exc.status or 0), str(exc.reason or exc)) from None
-        finally:
-            await w.close()
+        query = {
+            "fieldSelector": f"spec.nodeName={node_name},spec.driver={driver}",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": 300,
+        }
+        async for kind, obj in self.api.watch(SLICES, query, connect_timeout=self.timeout):
+            yield kind, obj
 
     async def node_uid(self, name: str) -> str:
-        node = await self._call(self.core.read_node, name)
+        node = await self._call("GET", f"/api/v1/nodes/{name}")
         return str((node.get("metadata") or {}).get("uid", ""))
 
 
@@ -404,19 +361,12 @@ class Publisher:
         }
 
 
-async def make_api_client(kubeconfig: str) -> Any:
-    """A kubernetes-asyncio ApiClient from ``kubeconfig``, or the in-cluster config."""
-    from kubernetes_asyncio import client, config
-
-    cfg = client.Configuration()
+async def make_api_client(kubeconfig: str) -> kubeapi.KubeApi:
+    """A KubeApi from ``kubeconfig``, or the in-cluster config."""
     try:
-        if kubeconfig:
-            await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-        else:
-            config.load_incluster_config(client_configuration=cfg)
-    except (config.ConfigException, OSError) as exc:
+        return kubeapi.KubeApi.load(kubeconfig or None, user_agent="dra.net/inventory")
+    except (kubeapi.KubeConfigError, OSError, ssl.SSLError) as exc:
         where = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster config (no --kubeconfig given)"
         raise RuntimeError(
             f"cannot load {where}: {exc}; use --no-publish to run without an API server"
         ) from None
-    return client.ApiClient(configuration=cfg)

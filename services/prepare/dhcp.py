@@ -16,7 +16,7 @@ exchange, so the service's event loop never changes netns and never blocks (it a
 a future the thread resolves). This needs CAP_NET_RAW (a packet socket), CAP_NET_ADMIN
 (setting the link up, as dranet does) and, only for a foreign netns, CAP_SYS_ADMIN.
 
-Library: pyroute2's DHCP client (``pyroute2.dhcp.client.AsyncDHCPClient``) does the
+Library: pyroute2's DHCP client (imported by the first exchange, services/prepare/dhcp_exchange.py) (``pyroute2.dhcp.client.AsyncDHCPClient``) does the
 DISCOVER/OFFER/REQUEST/ACK exchange on a raw socket bound to the interface; the host
 interface gets no address. Only option 121's payload is decoded here (RFC 3442
 descriptors): pyroute2 0.9.7 has no decoder for it and hands over its raw bytes.
@@ -44,25 +44,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import ipaddress
 import logging
 import os
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pyroute2 import AsyncIPRoute
-from pyroute2.dhcp import fsm
-from pyroute2.dhcp.client import AsyncDHCPClient, ClientConfig, randomized_increasing_backoff
-from pyroute2.dhcp.enums import dhcp
-from pyroute2.dhcp.leases import Lease
-from pyroute2.netlink.exceptions import NetlinkError
-
-from services.attach.netns import NetnsError, open_netns, setns
 from shared.netconfig import RouteConfig
+from shared.netns import NetnsError, open_netns, setns
 
 log = logging.getLogger(__name__)
 
@@ -71,15 +62,6 @@ DEFAULT_TIMEOUT_S = 5.0
 # How much longer than the exchange's own bound the service waits for its thread.
 _THREAD_GRACE_S = 2.0
 RT_SCOPE_LINK = 253
-IFF_UP = 0x1
-
-REQUESTED_OPTIONS = (
-    dhcp.Option.SUBNET_MASK,
-    dhcp.Option.ROUTER,
-    dhcp.Option.CLASSLESS_STATIC_ROUTE,
-    # pyroute2's client ignores an ACK without a lease time.
-    dhcp.Option.LEASE_TIME,
-)
 
 
 class DhcpError(Exception):
@@ -95,21 +77,6 @@ class DhcpLease:
     routes: tuple[RouteConfig, ...] = ()
     server_id: str = ""
     lease_time_s: int | None = None
-
-
-class _UnsavedLease(Lease):
-    """A lease kept in memory only (pyroute2's default writes <ifname>.lease.json into the
-    working directory and reuses it on the next run)."""
-
-    def dump(self) -> None:
-        pass
-
-    @classmethod
-    def load(cls, interface: str) -> None:
-        return None
-
-
-# --- the reply ---------------------------------------------------------------------------
 
 
 def classless_static_routes(data: Sequence[int] | bytes) -> list[tuple[ipaddress.IPv4Network, str]]:
@@ -245,63 +212,8 @@ class DhcpClient:
         return asyncio.run(self._exchange(interface))
 
     async def _exchange(self, interface: str) -> DhcpLease:
-        where = self.where(interface)
-        start = time.monotonic()
-        await self._link_up(interface, where)
-        config = ClientConfig(
-            interface=interface,
-            lease_type=_UnsavedLease,
-            requested_parameters=REQUESTED_OPTIONS,
-            retransmission=functools.partial(randomized_increasing_backoff, wait_first=1.0, wait_max=4.0),
-            release=False,  # as dranet: the lease is left to expire
-            handle_signals=False,  # the service owns its signals (and this is not the main thread)
-            write_pidfile=False,
-            vendor_id=None,
-            host_name=None,
-        )
-        try:
-            async with AsyncDHCPClient(config) as client:
-                await client.bootstrap()
-                try:
-                    await client.wait_for_state(fsm.State.BOUND, timeout=self.timeout_s)
-                except TimeoutError:
-                    raise DhcpError(
-                        f"no DHCP lease on {where} within {self.timeout_s:g}s "
-                        f"(no server answered; client state {client.state.name})"
-                    ) from None
-                ack = client.lease.ack
-                lease = lease_from_reply(interface, ack["yiaddr"], ack["options"])
-        except DhcpError:
-            raise
-        except OSError as exc:
-            raise DhcpError(f"DHCP on {where}: {exc.strerror or exc}") from None
-        log.info(
-            "DHCP lease",
-            extra={
-                "interface": interface,
-                "netns": self.netns or "",
-                "address": lease.address,
-                "routes": [r.destination for r in lease.routes],
-                "server": lease.server_id,
-                "lease_time_s": lease.lease_time_s,
-                "took_ms": round((time.monotonic() - start) * 1000, 1),
-            },
-        )
-        return lease
+        # pyroute2's DHCP client (and pyroute2, about 24 MiB) is loaded by the first claim
+        # that asks for interface.dhcp, not by every prepare process.
+        from services.prepare import dhcp_exchange
 
-    @staticmethod
-    async def _link_up(interface: str, where: str) -> None:
-        """Set the interface up when it is not (as dranet: a DHCP client on a down link
-        cannot send)."""
-        try:
-            async with AsyncIPRoute() as ipr:
-                indexes = await ipr.link_lookup(ifname=interface)
-                if not indexes:
-                    raise DhcpError(f"DHCP on {where}: no such interface")
-                (msg,) = await ipr.link("get", index=indexes[0])
-                if not msg["flags"] & IFF_UP:
-                    await ipr.link("set", index=indexes[0], state="up")
-        except DhcpError:
-            raise
-        except (OSError, NetlinkError) as exc:
-            raise DhcpError(f"DHCP on {where}: setting the link up: {exc}") from None
+        return await dhcp_exchange.exchange(interface, self.where(interface), self.netns, self.timeout_s)

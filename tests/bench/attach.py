@@ -63,8 +63,8 @@ from proto.dranet.store.v1 import store_pb2 as st
 from proto.nri.v1alpha1 import nri_pb2
 from services.attach.hooks import AttachHooks
 from services.attach.netdev import NetdevEngine
-from services.attach.netns import open_netns
 from services.attach.writer import StoreWriter
+from shared.netns import open_netns
 from shared.storeclient import StoreClient
 from tests.bench._cluster import Bench, HistogramDelta, KubeletMetrics, PodWatch, bench_cluster, p50, pct, say
 from tests.bench.attach_netlink import BenchNic, bench_nic, configure_net1, direct_cycle, setns_socket

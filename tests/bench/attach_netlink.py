@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from proto.dranet.store.v1 import store_pb2
 from services.attach.netdev import NetdevEngine
 from services.attach.netdev_nl import NlSocket
-from services.attach.netns import open_netns, setns
+from shared.netns import open_netns, setns
 
 T = TypeVar("T")
 

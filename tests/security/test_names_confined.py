@@ -32,7 +32,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proto.dranet.store.v1 import store_pb2 as pb
-from services.attach.netns import NetnsError, open_netns
 from services.attach.rdma import check_device_nodes
 from services.store.db import InvalidArgument, _split_key, device_key
 from shared.attachplan import (
@@ -46,6 +45,7 @@ from shared.attachplan import (
 )
 from shared.names import decode_interface_name, is_dns1123_label, normalize_interface_name
 from shared.netconfig.validate import MAX_IFNAME_BYTES, interface_name_problem
+from shared.netns import NetnsError, open_netns
 
 HOSTILE = [
     "",

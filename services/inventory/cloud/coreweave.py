@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from services.inventory.cloud.base import DeviceInfo, Hint, ProviderError
 from services.inventory.cloud.host import HostProbe
 from services.inventory.cloud.provider import MetadataProvider
 from shared.deviceattr import ATTRIBUTE_MAX_VALUE_LENGTH, Attribute
+from shared.kubeapi import ApiError, KubeApi
 from shared.netconfig import NetworkConfig
 
 log = logging.getLogger(__name__)
@@ -52,22 +52,17 @@ NEIGHBOR_LABEL_SUFFIX = ".device"
 NodeLabels = Callable[[], Awaitable[Mapping[str, str] | None]]
 
 
-def kube_node_labels(api_client: Any, node_name: str, request_timeout: float = 10.0) -> NodeLabels:
-    """A NodeLabels reading ``node_name`` through a kubernetes_asyncio ApiClient."""
+def kube_node_labels(api: KubeApi, node_name: str, request_timeout: float = 10.0) -> NodeLabels:
+    """A NodeLabels reading ``node_name`` through a shared/kubeapi.py KubeApi."""
 
     async def read() -> Mapping[str, str] | None:
-        from kubernetes_asyncio import client
-        from kubernetes_asyncio.client.exceptions import ApiException
-
         try:
-            node = await client.CoreV1Api(api_client).read_node(node_name, _request_timeout=request_timeout)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise ProviderError(f"cks: reading Node {node_name}: HTTP {exc.status} {exc.reason}") from None
-        except Exception as exc:
-            raise ProviderError(f"cks: reading Node {node_name}: {exc}") from None
-        return dict(node.metadata.labels or {})
+            node = await api.get(f"/api/v1/nodes/{node_name}", deadline=request_timeout)
+        except ApiError as exc:
+            raise ProviderError(f"cks: reading Node {node_name}: HTTP {exc}") from None
+        if node is None:
+            return None
+        return dict((node.get("metadata") or {}).get("labels") or {})
 
     return read
 

@@ -190,7 +190,7 @@ async def probe(base_url: str, policy: RetryPolicy = DETECT_POLICY) -> bool:
         HttpClient("gce", base_url, headers=_HEADERS, policy=policy),
         "/",
         ok_statuses=frozenset(range(100, 600)),
-        accept=lambda resp: resp.headers.get("Metadata-Flavor") == "Google",
+        accept=lambda resp: resp.header("Metadata-Flavor") == "Google",
     )
 
 

@@ -3,7 +3,7 @@ configurable root (so tests build a fake tree from real layouts) and netlink
 lookups in a configurable network namespace.
 
 sysfs/procfs reads are small in-memory pseudo files; they do not block on disk,
-so they are read directly. Netlink goes through pyroute2's AsyncIPRoute.
+so they are read directly. Netlink goes through pyroute2's AsyncIPRoute (imported on first use).
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pyroute2 import AsyncIPRoute
+if TYPE_CHECKING:
+    from pyroute2 import AsyncIPRoute
 
 ARPHRD_ETHER = 1
 ARPHRD_INFINIBAND = 32
@@ -141,6 +143,10 @@ class HostProbe:
             raise ValueError(f"cannot parse {path}: {text!r}") from None
 
     def _netlink(self) -> AsyncIPRoute:
+        # Imported on first use: only the cloud providers read addresses, and pyroute2 costs
+        # about 24 MiB in every inventory that never does.
+        from pyroute2 import AsyncIPRoute
+
         if self.netns:
             # flags=0: never create the namespace by accident (pyroute2 defaults to O_CREAT).
             return AsyncIPRoute(netns=self.netns, flags=0)

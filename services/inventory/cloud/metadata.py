@@ -1,4 +1,5 @@
-"""HTTP plumbing for instance metadata services and webhooks: per-attempt
+"""HTTP plumbing for instance metadata services and webhooks (over shared/http11.py, one
+connection per attempt: these calls are rare): per-attempt
 timeouts, retries with exponential backoff inside an overall deadline, token
 dances (AWS IMDSv2, Alibaba), TLS with a CA file, Unix sockets, and errors that
 name the provider, method, URL and what went wrong.
@@ -17,10 +18,10 @@ import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-
-import aiohttp
+from urllib.parse import urlencode, urlsplit
 
 from services.inventory.cloud.base import ProviderError
+from shared.http11 import CONNECTION_ERRORS, BodyTooLarge, Conn
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +69,11 @@ class MetadataError(ProviderError):
 @dataclass(frozen=True)
 class Response:
     status: int
-    headers: Mapping[str, str]
+    headers: Mapping[str, str]  # names in lower case
     body: bytes
+
+    def header(self, name: str) -> str | None:
+        return self.headers.get(name.lower())
 
     @property
     def text(self) -> str:
@@ -127,10 +131,8 @@ class HttpClient:
         self._headers = dict(headers or {})
         self._token = token
         self._token_state = _TokenState()
-        self._session: aiohttp.ClientSession | None = None
         self._unix_path = ""
         if base_url.startswith("unix://"):
-            # The host part is a placeholder; aiohttp needs one for the request line.
             self._unix_path = base_url[len("unix://") :]
             self.base_url = "http://localhost"
             self.display_url = base_url
@@ -138,6 +140,11 @@ class HttpClient:
             self.base_url = base_url.rstrip("/")
             self.display_url = self.base_url
         self._ssl = make_ssl_context(base_url, ca_file)
+        url = urlsplit(self.base_url)
+        self._host = url.hostname or "localhost"
+        self._port = url.port or (443 if self._ssl else 80)
+        self._netloc = url.netloc or "localhost"
+        self._prefix = url.path.rstrip("/")
 
     def url(self, path: str) -> str:
         return f"{self.base_url}{path}"
@@ -146,21 +153,8 @@ class HttpClient:
         """The URL as errors show it (the unix:// form for socket URLs)."""
         return f"{self.display_url}{path}"
 
-    async def _get_session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            connector: aiohttp.BaseConnector
-            if self._unix_path:
-                connector = aiohttp.UnixConnector(path=self._unix_path)
-            else:
-                connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else True)
-            # trust_env=False: a node's HTTP(S)_PROXY must never capture link-local metadata traffic.
-            self._session = aiohttp.ClientSession(connector=connector, trust_env=False)
-        return self._session
-
     async def close(self) -> None:
-        if self._session is not None and not self._session.closed:
-            await self._session.close()
-        self._session = None
+        """Nothing is kept open between calls."""
 
     async def _attempt(
         self,
@@ -171,43 +165,44 @@ class HttpClient:
         data: bytes | None,
         attempt_timeout: float,
     ) -> Response:
-        session = await self._get_session()
         shown = self.shown(path)
+        target = self._prefix + path + (("?" + urlencode(params)) if params else "")
+        body = data or b""
+        sent = [("Host", self._netloc), ("Connection", "close"), *headers.items()]
+        if body or method in ("POST", "PUT", "PATCH"):
+            sent.append(("Content-Length", str(len(body))))
+        conn: Conn | None = None
         try:
-            async with session.request(
-                method,
-                self.url(path),
-                headers=headers,
-                params=params,
-                data=data,
-                timeout=aiohttp.ClientTimeout(total=attempt_timeout),
-                allow_redirects=False,
-            ) as resp:
-                body = await resp.content.read(_MAX_BODY + 1)
-                if len(body) > _MAX_BODY:
-                    raise MetadataError(
-                        self.provider, method, shown, f"response larger than {_MAX_BODY} bytes"
-                    )
-                return Response(resp.status, dict(resp.headers), body)
+            async with asyncio.timeout(attempt_timeout):
+                # No proxy from the environment: a node's HTTP(S)_PROXY must never capture
+                # link-local metadata traffic.
+                conn = await Conn.open(self._host, self._port, tls=self._ssl, unix_path=self._unix_path)
+                status, answer_headers, answer = await conn.exchange(method, target, sent, body, _MAX_BODY)
+            return Response(status, answer_headers, answer)
         except TimeoutError:
             raise MetadataError(
                 self.provider, method, shown, f"timed out after {attempt_timeout:.1f}s"
             ) from None
-        except aiohttp.ClientConnectorCertificateError as exc:
+        except BodyTooLarge:
+            raise MetadataError(
+                self.provider, method, shown, f"response larger than {_MAX_BODY} bytes"
+            ) from None
+        except ssl.SSLCertVerificationError as exc:
             raise MetadataError(
                 self.provider,
                 method,
                 shown,
-                f"TLS certificate not trusted: {exc.certificate_error}",
+                f"TLS certificate not trusted: {exc.verify_message or exc}",
                 retryable=False,
             ) from None
-        except aiohttp.ClientSSLError as exc:
+        except ssl.SSLError as exc:
             raise MetadataError(self.provider, method, shown, f"TLS error: {exc}", retryable=False) from None
-        except aiohttp.ClientError as exc:
+        except CONNECTION_ERRORS as exc:
             reason = str(exc) or type(exc).__name__
             raise MetadataError(self.provider, method, shown, f"unreachable: {reason}") from None
-        except OSError as exc:
-            raise MetadataError(self.provider, method, shown, f"unreachable: {exc}") from None
+        finally:
+            if conn is not None:
+                conn.close()
 
     async def _token_headers(self, deadline: float) -> dict[str, str]:
         dance = self._token

@@ -34,8 +34,8 @@ from services.attach import netdev, netdev_ebpf
 from services.attach.engine import Attached, AttachFailed, Location
 from services.attach.netdev import NetdevEngine
 from services.attach.netdev_nl import NlSocket
-from services.attach.netns import open_netns, setns
 from shared.attachplan import CreateChild, ReturnState
+from shared.netns import open_netns, setns
 
 pytestmark = [pytest.mark.root, pytest.mark.netns]
 

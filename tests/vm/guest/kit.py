@@ -37,7 +37,6 @@ from proto.dranet.store.v1 import store_pb2 as st
 from proto.nri.v1alpha1 import nri_pb2
 from services.attach.hooks import AttachHooks, HookConfig
 from services.attach.netdev import NetdevEngine
-from services.attach.netns import open_netns, setns
 from services.attach.writer import StoreWriter
 from services.inventory.cloud.base import Hint, Providers
 from services.inventory.filter import DEFAULT_FILTER, DeviceFilter
@@ -48,6 +47,7 @@ from services.prepare.inventory_client import InventoryClient
 from services.prepare.pipeline import ClaimRef, ClaimResult, Preparer
 from services.store.db import StoreDB
 from services.store.server import StoreService
+from shared.netns import open_netns, setns
 from shared.rpc import UdsServer
 from shared.storeclient import StoreClient
 

@@ -1,4 +1,4 @@
-"""CoreWeave CKS provider: Node labels read with kubernetes-asyncio from a local
+"""CoreWeave CKS provider: Node labels read with shared/kubeapi.py from a local
 API server that answers GET /api/v1/nodes/<name> like the real one."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 
 import pytest
-from kubernetes_asyncio import client
 
 from services.inventory.cloud import coreweave
 from services.inventory.cloud.base import DeviceInfo
 from services.inventory.cloud.host import HostProbe
+from shared import kubeapi
 from shared.deviceattr import Attribute
 from tests.integration.inventory.cloud.fakes import CKS_LABELS, KubeApi
 from tests.integration.inventory.cloud.support import FakeHost
@@ -21,9 +21,11 @@ async def api(serve) -> AsyncIterator[tuple[KubeApi, Callable[[str], coreweave.N
     server = await serve(
         KubeApi(nodes={"g1234": dict(CKS_LABELS), "plain": {"kubernetes.io/hostname": "plain"}})
     )
-    config = client.Configuration(host=server.url)
-    async with client.ApiClient(config) as api_client:
-        yield server, lambda node: coreweave.kube_node_labels(api_client, node, request_timeout=5.0)
+    client = kubeapi.KubeApi(kubeapi.KubeConfig(server=server.url))
+    try:
+        yield server, lambda node: coreweave.kube_node_labels(client, node, request_timeout=5.0)
+    finally:
+        await client.close()
 
 
 async def test_probe_by_cluster_label(api) -> None:

@@ -9,7 +9,6 @@ import time
 from dataclasses import replace
 
 import pytest
-from kubernetes_asyncio import client
 
 from services.inventory.cloud import coreweave, discovery
 from services.inventory.cloud.base import DeviceInfo, Hint, ProfileSource, ProviderError
@@ -17,6 +16,7 @@ from services.inventory.cloud.discovery import CloudOptions, add_flags, detect, 
 from services.inventory.cloud.gce import GceProvider
 from services.inventory.cloud.host import HostProbe
 from services.inventory.cloud.webhook import WebhookProvider
+from shared import kubeapi
 from shared.netconfig import NetworkConfig
 from tests.integration.inventory.cloud.fakes import (
     CKS_LABELS,
@@ -74,11 +74,14 @@ async def test_webhook_and_cks_detection(serve, closed_url: str) -> None:
     hook = await serve(Webhook())
     assert await detect(everywhere(closed_url, webhook_url=hook.url, detect_timeout=1.0)) is Hint.WEBHOOK
     api = await serve(KubeApi(nodes={"g1234": dict(CKS_LABELS)}))
-    async with client.ApiClient(client.Configuration(host=api.url)) as api_client:
-        labels = coreweave.kube_node_labels(api_client, "g1234")
+    client = kubeapi.KubeApi(kubeapi.KubeConfig(server=api.url))
+    try:
+        labels = coreweave.kube_node_labels(client, "g1234")
         # CKS ranks before the webhook, as in dranet.
         opts = everywhere(closed_url, webhook_url=hook.url, detect_timeout=1.0)
         assert await detect(opts, node_labels=labels) is Hint.CKS
+    finally:
+        await client.close()
 
 
 async def test_priority_order_when_two_answer(serve) -> None:

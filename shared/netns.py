@@ -1,4 +1,4 @@
-"""Network namespace handles for attach: open a netns path without ever creating it,
+"""Network namespace handles (attach, and prepare's DHCP): open a netns path without ever creating it,
 and move the calling thread between namespaces.
 
 setns(CLONE_NEWNET) changes only the calling thread. Attach runs each device
