@@ -15,6 +15,7 @@ from services.prepare.inventory_client import InventoryClient
 from services.prepare.kube import Kube
 from services.prepare.pipeline import Preparer
 from services.prepare.plugin import DraService, DraV1, DraV1beta1, Registration
+from services.prepare.prefetch import ClaimPrefetch
 from services.prepare.status import ClaimStatusWriter
 from shared import features, service
 from shared.admin import AdminServicer
@@ -65,6 +66,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # PersistentResourceSliceAttributes: prepare saves the kept devices (the inventory
     # publishes them); DRAListTypeAttributes changes nothing here but is accepted, so one
     # value serves every container.
+    p.add_argument(
+        "--no-claim-prefetch",
+        action="store_true",
+        help="do not watch the node's Pods to read their claims ahead of the kubelet's call "
+        "(then every claim is read when prepared; the Pod waits for that GET)",
+    )
     features.add_flag(p)
     return p.parse_args(argv)
 
@@ -75,6 +82,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     await kube.start()
     store = StoreClient(args.store_socket or service.socket_path(run_dir, "store"))
     inventory = InventoryClient(args.inventory_socket or service.socket_path(run_dir, "inventory"))
+    prefetch = None if args.no_claim_prefetch else ClaimPrefetch(kube, args.node_name)
     preparer = Preparer(
         args.driver_name,
         args.node_name,
@@ -84,6 +92,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
         require_attach=not args.no_attach_gate,
         dhcp=DhcpClient(args.device_netns or None, args.dhcp_timeout),
         keep_devices=args.feature_gates.persistent_slice_attributes,
+        prefetch=prefetch,
     )
     root = Path(args.kubelet_root_dir)
     dra_socket = root / "plugins" / args.driver_name / "dra.sock"
@@ -103,6 +112,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     admin = UdsServer(service.socket_path(run_dir, "prepare")).add(admin_servicer.register)
     status = ClaimStatusWriter(store, kube, args.driver_name)
     status_task = asyncio.create_task(status.run(stop))
+    prefetch_task = asyncio.create_task(prefetch.run(stop)) if prefetch is not None else None
     await admin.start()
     probes = await service.start_health_listener(args, admin_servicer)
     # The DRA socket first: the kubelet dials it as soon as it sees the registration.
@@ -124,9 +134,11 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     await admin_servicer.grpc_health.stopping()
     await reg_server.stop(grace=0)
     await dra_server.stop(grace=10.0)
-    status_task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await status_task
+    for task in (status_task, prefetch_task):
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
     await admin.stop(grace=0)
     await store.close()
     await inventory.close()

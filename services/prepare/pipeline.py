@@ -29,6 +29,7 @@ from proto.dranet.store.v1 import store_pb2 as st
 from services.prepare.dhcp import DhcpClient, DhcpError
 from services.prepare.inventory_client import InventoryClient, InventoryError
 from services.prepare.kube import Kube, KubeError
+from services.prepare.prefetch import ClaimPrefetch
 from shared.logs import log_fields
 from shared.netconfig import NetworkConfig, parse_network_config
 from shared.prepareplan import (
@@ -68,6 +69,8 @@ class PreparedDevice:
 class ClaimResult:
     devices: list[PreparedDevice] = field(default_factory=list)
     error: str = ""
+    # The claim came from the read-ahead of the Pod watch (services/prepare/prefetch.py).
+    read_ahead: bool = False
 
 
 @dataclass
@@ -75,12 +78,14 @@ class Timings:
     """Where prepare's time goes (seconds), for the benchmark and debug logs."""
 
     api_read: float = 0.0
+    read_ahead: int = 0  # claims that came from the Pod watch's read-ahead
     inventory: float = 0.0
     pipeline: float = 0.0
     store_write: float = 0.0
 
     def add(self, other: Timings) -> None:
         self.api_read += other.api_read
+        self.read_ahead += other.read_ahead
         self.inventory += other.inventory
         self.pipeline += other.pipeline
         self.store_write += other.store_write
@@ -103,6 +108,7 @@ class Preparer:
         require_attach: bool = True,
         dhcp: DhcpClient | None = None,
         keep_devices: bool = False,
+        prefetch: ClaimPrefetch | None = None,
     ) -> None:
         self.driver = driver
         self.node_name = node_name
@@ -114,6 +120,8 @@ class Preparer:
         self.dhcp = dhcp or DhcpClient()
         # PersistentResourceSliceAttributes: save a KeptDevice with each new config.
         self.keep_devices = keep_devices
+        # Claims read ahead from the node's Pod watch (services/prepare/prefetch.py).
+        self.prefetch = prefetch
         self.last_timings = Timings()
         self._node_info: inv.NodeInfo | None = None
 
@@ -153,7 +161,7 @@ class Preparer:
                 continue
             configs, kept, devices, timings = outcome
             self.last_timings.add(timings)
-            results[claim.uid] = ClaimResult(devices=devices)
+            results[claim.uid] = ClaimResult(devices=devices, read_ahead=bool(timings.read_ahead))
             new = [c for c in configs if c.revision == 0]
             if new:
                 to_store.append((claim, new, kept))
@@ -178,6 +186,7 @@ class Preparer:
             extra={
                 "claims": len(claims),
                 "api_read_ms": round(t.api_read * 1000, 3),
+                "read_ahead": t.read_ahead,
                 "inventory_ms": round(t.inventory * 1000, 3),
                 "pipeline_ms": round(t.pipeline * 1000, 3),
                 "store_write_ms": round(t.store_write * 1000, 3),
@@ -193,7 +202,10 @@ class Preparer:
                 log.info(
                     "claim prepared",
                     extra=log_fields(
-                        claim=str(claim), claim_uid=claim.uid, devices=[d.device for d in res.devices]
+                        claim=str(claim),
+                        claim_uid=claim.uid,
+                        devices=[d.device for d in res.devices],
+                        read_ahead=res.read_ahead,
                     ),
                 )
         return results
@@ -215,17 +227,27 @@ class Preparer:
             return "the attach service is stopping (graceful stop); retry later"
         return ""
 
-    async def _fetch_claim(self, ref: ClaimRef) -> tuple[dict[str, Any] | None, float]:
+    async def _fetch_claim(self, ref: ClaimRef) -> tuple[dict[str, Any] | None, float, bool]:
+        """The claim, the seconds it took, and whether it was read ahead."""
         t0 = time.perf_counter()
-        claim = await self.kube.get_claim(ref.namespace, ref.name)
-        return claim, time.perf_counter() - t0
+        claim = None
+        if self.prefetch is not None:
+            claim = await self.prefetch.take(ref.namespace, ref.name, ref.uid)
+        ahead = claim is not None
+        if claim is None:
+            claim = await self.kube.get_claim(ref.namespace, ref.name)
+        return claim, time.perf_counter() - t0, ahead
 
     async def _plan_claim(
-        self, ref: ClaimRef, fetch: asyncio.Future[tuple[dict[str, Any] | None, float]], node: inv.NodeInfo
+        self,
+        ref: ClaimRef,
+        fetch: asyncio.Future[tuple[dict[str, Any] | None, float, bool]],
+        node: inv.NodeInfo,
     ) -> tuple[list[st.DeviceConfig], list[st.KeptDevice], list[PreparedDevice], Timings] | ClaimError:
         timings = Timings()
         try:
-            claim, took = await fetch
+            claim, took, ahead = await fetch
+            timings.read_ahead += ahead
             timings.api_read += took
             if claim is None:
                 raise ClaimError(f"claim {ref}: not found in the API server (deleted?)")

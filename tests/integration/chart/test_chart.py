@@ -166,8 +166,12 @@ def test_rbac_allows_what_the_services_do_and_no_more() -> None:
         ("resource.k8s.io", "resourceclaims/status", "patch"),
         ("", "events", "create"),
         ("", "nodes", "get"),
+        # prepare's claim read-ahead watches the node's Pods (services/prepare/prefetch.py).
+        ("", "pods", "list"),
+        ("", "pods", "watch"),
     ]:
         assert needed in grants
-    assert not [g for g in grants if g[2] in ("*", "deletecollection") or g[1] in ("secrets", "pods")]
+    assert not [g for g in grants if g[2] in ("*", "deletecollection") or g[1] == "secrets"]
+    assert {v for g, r, v in grants if r == "pods"} == {"list", "watch"}
     (binding,) = by_kind(docs, "ClusterRoleBinding")
     assert binding["subjects"][0]["name"] == "dranet"
