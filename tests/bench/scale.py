@@ -331,7 +331,10 @@ def request_counts(api: KeepAlive) -> dict[str, float]:
     for line in api.raw("GET", "/metrics").decode().splitlines():
         if line.startswith("apiserver_request_total{") and 'resource="resourceslices"' in line:
             verb = line.split('verb="', 1)[1].split('"', 1)[0]
-            out[verb] = out.get(verb, 0.0) + float(line.rsplit(" ", 1)[1])
+            code = line.split('code="', 1)[1].split('"', 1)[0]
+            # Answers other than 2xx are counted apart as VERB:code (a WATCH ends as 0 or 200).
+            key = verb if code.startswith("2") or code == "0" else f"{verb}:{code}"
+            out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
 
 
@@ -342,7 +345,7 @@ def delta(a: dict[str, float], b: dict[str, float]) -> dict[str, int]:
 
 
 def writes(d: dict[str, int]) -> int:
-    return sum(n for v, n in d.items() if v in WRITE_VERBS)
+    return sum(n for v, n in d.items() if v.split(":")[0] in WRITE_VERBS)
 
 
 class ClaimWatch(Watch):
@@ -622,6 +625,15 @@ def run_one(n: int, args: argparse.Namespace) -> dict[str, Any]:
             watch.stop()
         for w in workers:
             w.stop()
+        # The publishers' own account of failed syncs (their warnings), before the logs go.
+        failed = [
+            line
+            for w in workers
+            for line in Path(w.log.name).read_text(errors="replace").splitlines()
+            if "failed" in line
+        ]
+        if failed:
+            say(f"N={n}: {len(failed)} publisher warnings, e.g. {sorted(set(failed))[:3]}")
         if api is not None:
             api.close()
         if not ok:
