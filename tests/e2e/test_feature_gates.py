@@ -142,8 +142,16 @@ async def test_persistent_attributes_pod_start_restarts_and_stop(
     k, d = node.kube, node.driver
     persist = "PersistentResourceSliceAttributes=true" in " ".join(d.extra["inventory"])
     nic = nics.add(addresses=["10.93.0.2/24"])
-    before = (await wait_published(k, nic, within=60))[nic]
-    assert before["attributes"]["dra.net/ipv4"] == {"string": "10.93.0.2/24"}
+    await wait_published(k, nic, within=60)
+
+    # The link can be published by a scan that ran before its address was added: wait for
+    # the scan that saw both.
+    def with_address() -> dict[str, Any] | None:
+        dev = published(k).get(nic)
+        ipv4 = (dev or {}).get("attributes", {}).get("dra.net/ipv4")
+        return dev if ipv4 == {"string": "10.93.0.2/24"} else None
+
+    before = await eventually(with_address, 60, f"{nic} published with its address")
     await rescan(d)
     w0 = writes.settle()
 
