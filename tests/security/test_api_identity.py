@@ -114,6 +114,9 @@ def allowed(node: str) -> list[tuple[str, str, Any, tuple[int, ...]]]:
         ("PATCH", f"{RC}/namespaces/default/resourceclaims/nope/status", {"status": {}}, (404,)),
         ("GET", f"{RC}/deviceclasses/nope", None, (404,)),
         ("POST", "/api/v1/namespaces/default/events", EVENT, (201,)),
+        # prepare's claim read-ahead lists and watches the node's Pods (no get, no write).
+        ("GET", f"/api/v1/pods?fieldSelector=spec.nodeName={node}", None, (200,)),
+        ("GET", f"/api/v1/pods?fieldSelector=spec.nodeName={node}&watch=1&timeoutSeconds=1", None, (200,)),
     ]
 
 
@@ -122,7 +125,6 @@ def refused(node: str) -> list[tuple[str, str, Any]]:
         ("GET", "/api/v1/namespaces/kube-system/secrets", None),
         ("GET", "/api/v1/namespaces/kube-system/secrets/anything", None),
         ("GET", "/api/v1/configmaps", None),
-        ("GET", "/api/v1/pods", None),
         ("GET", "/api/v1/namespaces/default/pods/x", None),
         ("POST", "/api/v1/namespaces/default/pods", {"apiVersion": "v1", "kind": "Pod"}),
         ("DELETE", f"/api/v1/nodes/{node}", None),
