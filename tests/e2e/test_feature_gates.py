@@ -251,7 +251,15 @@ async def test_numa_attribute_form(
     link attributes) and after an inventory restart; dra.net/numaNode stays a scalar."""
     k, d = node.kube, node.driver
     nics.add(nic)
-    before = (await wait_published(k, PCI_NIC, within=60))[PCI_NIC]
+    await wait_published(k, PCI_NIC, within=60)
+    # A scan can publish the new link before it is up: wait for the scan that saw it up.
+    await rescan(d)
+
+    def when_up() -> dict[str, Any] | None:
+        dev = published(k).get(PCI_NIC)
+        return dev if (dev or {}).get("attributes", {}).get("dra.net/state") == {"string": "up"} else None
+
+    before = await eventually(when_up, 60, f"{PCI_NIC} published up")
     assert before["attributes"]["dra.net/ifName"] == {"string": nic}
     assert before["attributes"][NUMA] == numa and before["attributes"]["dra.net/numaNode"] == {"int": 0}
     k.claim(nic, k.claim_spec(k.device_class("nic"), on(nic)))
