@@ -23,6 +23,7 @@ import tempfile
 import time
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -41,12 +42,36 @@ POOL_SIZE = 4
 
 
 class ApiError(Exception):
-    """The API server answered ``status`` (0: no answer at all) with ``message``."""
+    """The API server answered ``status`` (0: no answer at all) with ``message``;
+    ``retry_after`` is its Retry-After in seconds (0 when it sent none), as with a 429
+    from API Priority and Fairness, which refused the request without acting on it."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, retry_after: float = 0.0) -> None:
         super().__init__(f"{status}: {message}" if status else message)
         self.status = status
         self.message = message
+        self.retry_after = retry_after
+
+
+# A Retry-After longer than this is taken as this (a client must not sleep for an hour
+# because of one header).
+RETRY_AFTER_MAX_S = 60.0
+
+
+def retry_after_s(headers: Mapping[str, str]) -> float:
+    """The Retry-After header (h11 names are lower case) in seconds: delta-seconds, the
+    form the API server sends, or an HTTP date; 0 when absent or unreadable."""
+    value = headers.get("retry-after", "").strip()
+    if not value:
+        return 0.0
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError):
+            return 0.0
+    return min(max(seconds, 0.0), RETRY_AFTER_MAX_S)
 
 
 class KubeConfigError(Exception):
@@ -257,6 +282,21 @@ class KubeApi:
         deadline: float | None = None,
     ) -> tuple[int, bytes]:
         """(status, body) of one request; ApiError(0) when there was no answer in time."""
+        status, _, answer = await self._exchange(
+            method, path, query=query, body=body, content_type=content_type, deadline=deadline
+        )
+        return status, answer
+
+    async def _exchange(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, Any] | None,
+        body: Any,
+        content_type: str,
+        deadline: float | None,
+    ) -> tuple[int, dict[str, str], bytes]:
         if self._closed:
             raise ApiError(0, "the API client is closed")
         data = b"" if body is None else json.dumps(body, separators=(",", ":")).encode()
@@ -270,7 +310,7 @@ class KubeApi:
                 async with asyncio.timeout(deadline or self.timeout):
                     if conn is None:
                         conn = await self._connect()
-                    status, _, answer = await conn.exchange(method, target, headers, data)
+                    status, answer_headers, answer = await conn.exchange(method, target, headers, data)
             except TimeoutError:
                 if conn is not None:
                     conn.close()
@@ -288,7 +328,7 @@ class KubeApi:
                 self._idle.append(conn)
             else:
                 conn.close()
-            return status, answer
+            return status, answer_headers, answer
         raise AssertionError("unreachable")
 
     async def request(
@@ -302,11 +342,11 @@ class KubeApi:
         deadline: float | None = None,
     ) -> Json:
         """The JSON answer of a 2xx; ApiError with the server's message otherwise."""
-        status, answer = await self.request_raw(
+        status, headers, answer = await self._exchange(
             method, path, query=query, body=body, content_type=content_type, deadline=deadline
         )
         if not 200 <= status <= 299:
-            raise ApiError(status, error_message(answer))
+            raise ApiError(status, error_message(answer), retry_after_s(headers))
         data = json.loads(answer) if answer else {}
         return data if isinstance(data, dict) else {}
 
@@ -338,9 +378,9 @@ class KubeApi:
             try:
                 async with asyncio.timeout(connect_timeout or self.timeout):
                     await conn.send("GET", self.target(path, q), self._headers(b"", ""), b"")
-                    status, _ = await conn.response()
+                    status, headers = await conn.response()
                     if not 200 <= status <= 299:
-                        raise ApiError(status, error_message(await conn.body()))
+                        raise ApiError(status, error_message(await conn.body()), retry_after_s(headers))
             except TimeoutError:
                 raise ApiError(0, f"watch {path}: no answer from {self.config.server} in time") from None
             pending = b""

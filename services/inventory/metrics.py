@@ -85,3 +85,9 @@ class InventoryCollector(Collector):
             "Publications that failed (each is retried with backoff).",
             value=pub.stats.errors,
         )
+        yield CounterMetricFamily(
+            f"{NAMESPACE}_inventory_publish_throttled",
+            "Of the failed publications, those the API server refused with 429 (its Retry-After "
+            "is waited; the cache of what it holds is kept).",
+            value=pub.stats.throttled,
+        )

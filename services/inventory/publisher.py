@@ -9,6 +9,13 @@ conflict, 404, outage) and refreshed every ``resync`` seconds, so changes made
 by someone else are repaired and a create whose answer was lost never becomes a
 duplicate slice.
 
+A 429 is the exception. API Priority and Fairness sends it when the server is
+busy (a thousand drivers starting at once), and it refuses the request before
+acting on it: what the cache says is still true, and dropping it would add a list
+to every retry, feeding the overload. The publisher keeps its cache (and the watch
+its resourceVersion) and waits at least the server's Retry-After before it tries
+again.
+
 On shutdown the slices are left in place, as dranet does: the kubelet deletes a
 driver's slices when the plugin stays unregistered, and a restarted inventory
 takes its slices over without churn.
@@ -114,6 +121,7 @@ class PublishStats:
     lists: int = 0
     syncs: int = 0
     errors: int = 0
+    throttled: int = 0  # of the errors, 429s (the cache was kept)
 
     @property
     def writes(self) -> int:
@@ -203,9 +211,12 @@ class Publisher:
                     await self.sync()
                 except ApiError as exc:
                     self.stats.errors += 1
-                    self._cache = None
+                    if exc.status == 429:
+                        self.stats.throttled += 1  # refused unread: the cache still holds
+                    else:
+                        self._cache = None
                     self.last_error = str(exc)
-                    delay = backoff * (0.5 + random.random() / 2)
+                    delay = max(exc.retry_after, backoff * (0.5 + random.random() / 2))
                     log.warning(
                         "publishing ResourceSlices failed; retrying in %.1fs: %s",
                         delay,
@@ -268,15 +279,25 @@ class Publisher:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the API server went away, or the version expired (410)
-                log.debug(
-                    "slice watch ended; listing again", extra={"node": self.node_name, "error": str(exc)}
-                )
-                # Events may have been missed: re-list before trusting the cache.
-                version = ""
-                self._cache = None
-                self._wake.set()
+                at_least = 0.0
+                if isinstance(exc, ApiError) and exc.status == 429:
+                    # Refused before it started: nothing was missed since ``version``, so
+                    # the same watch (or list) again, later.
+                    at_least = exc.retry_after
+                    log.debug(
+                        "slice watch throttled; trying again",
+                        extra={"node": self.node_name, "error": str(exc)},
+                    )
+                else:
+                    log.debug(
+                        "slice watch ended; listing again", extra={"node": self.node_name, "error": str(exc)}
+                    )
+                    # Events may have been missed: re-list before trusting the cache.
+                    version = ""
+                    self._cache = None
+                    self._wake.set()
                 try:
-                    await asyncio.wait_for(stop.wait(), backoff * (0.5 + random.random() / 2))
+                    await asyncio.wait_for(stop.wait(), max(at_least, backoff * (0.5 + random.random() / 2)))
                 except TimeoutError:
                     pass
                 backoff = min(backoff * 2, self.backoff_max)

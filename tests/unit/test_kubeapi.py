@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from email.utils import formatdate
 from pathlib import Path
 
 import pytest
 
-from shared.kubeapi import ApiError, KubeApi, KubeConfig, KubeConfigError
+from shared.kubeapi import RETRY_AFTER_MAX_S, ApiError, KubeApi, KubeConfig, KubeConfigError, retry_after_s
 
 Handler = Callable[[str, str, dict[str, str], bytes, asyncio.StreamWriter], Awaitable[None]]
 
@@ -62,11 +64,15 @@ class Server:
             return
 
 
-def reply(writer: asyncio.StreamWriter, status: int, obj: object, close: bool = False) -> None:
+def reply(
+    writer: asyncio.StreamWriter, status: int, obj: object, close: bool = False, retry_after: str = ""
+) -> None:
     body = json.dumps(obj).encode()
     head = f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
     if close:
         head += "Connection: close\r\n"
+    if retry_after:
+        head += f"Retry-After: {retry_after}\r\n"
     writer.write(head.encode() + b"\r\n" + body)
 
 
@@ -212,6 +218,45 @@ async def test_watch_refused_is_an_error_with_the_status(serve) -> None:
             pass
     assert err.value.status == 403
     assert "forbidden" in str(err.value)
+
+
+async def test_a_429_carries_the_servers_retry_after_for_requests_and_watches(serve) -> None:
+    """API Priority and Fairness answers 429 with Retry-After in seconds."""
+
+    async def handler(method, target, headers, body, w) -> None:
+        after = "3" if "watch=true" in target else ("" if target.endswith("/none") else "1")
+        reply(
+            w,
+            429,
+            {"kind": "Status", "message": "Too many requests, please try again later."},
+            retry_after=after,
+        )
+
+    _, api = await serve(handler)
+    with pytest.raises(ApiError) as err:
+        await api.request("PUT", "/apis/resource.k8s.io/v1/resourceslices/s")
+    assert (err.value.status, err.value.retry_after) == (429, 1.0)
+    assert "Too many requests" in str(err.value)
+    with pytest.raises(ApiError) as err:
+        await api.request("GET", "/none")
+    assert (err.value.status, err.value.retry_after) == (429, 0.0)
+    with pytest.raises(ApiError) as err:
+        async for _ in api.watch("/x"):
+            pass
+    assert (err.value.status, err.value.retry_after) == (429, 3.0)
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [("", 0.0), ("2", 2.0), ("0", 0.0), ("-5", 0.0), ("soon", 0.0), ("7200", RETRY_AFTER_MAX_S)],
+)
+def test_retry_after_forms(value: str, seconds: float) -> None:
+    assert retry_after_s({"retry-after": value} if value else {}) == seconds
+
+
+def test_retry_after_as_an_http_date() -> None:
+    when = formatdate(time.time() + 30, usegmt=True)
+    assert 25 <= retry_after_s({"retry-after": when}) <= 30
 
 
 # -- configuration ---------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import itertools
 from typing import Any
@@ -199,3 +200,72 @@ async def test_external_deletion_is_repaired_after_resync() -> None:
     api.objects.clear()
     await pub.sync()
     assert api.devices() == ["d0000", "d0001"]
+
+
+async def test_a_429_keeps_the_cache_and_waits_the_retry_after() -> None:
+    """API Priority and Fairness refused the write without acting on it: no re-list (which
+    would add load to a busy server), and no retry before its Retry-After."""
+    api = MemoryApi()
+    pub = publisher(api)
+    pub.set_devices(devs(10))
+    await pub.sync()
+    assert pub.stats.lists == 1
+    api.fail_next = [ApiError(429, "Too many requests, please try again later.", retry_after=0.3)] * 2
+    pub.set_devices(devs(10, mtu=9000))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    task = asyncio.create_task(pub.run(stop))
+    assert await pub.wait_synced(within=5)
+    waited = loop.time() - started
+    stop.set()
+    await task
+    assert (pub.stats.errors, pub.stats.throttled, pub.stats.lists) == (2, 2, 1)
+    assert waited >= 0.6  # two Retry-Afters of 0.3 s, though the backoff is at most 0.05 s
+    (obj,) = api.objects.values()
+    assert [d["attributes"]["dra.net/mtu"]["int"] for d in obj["spec"]["devices"]] == [9000] * 10
+
+
+class WatchApi(MemoryApi):
+    """Adds the watch: scripted outcomes for each watch opened, and the versions asked for."""
+
+    def __init__(self, outcomes: list[ApiError | None]) -> None:
+        super().__init__()
+        self.outcomes = outcomes
+        self.list_versions = 0
+        self.watched_from: list[str] = []
+        self.done = asyncio.Event()
+
+    async def list_version(self, node_name: str, driver: str) -> str:
+        self.list_versions += 1
+        return f"v{self.list_versions}"
+
+    async def watch_slices(self, node_name: str, driver: str, resource_version: str) -> Any:
+        self.watched_from.append(resource_version)
+        if not self.outcomes:
+            self.done.set()
+            await asyncio.Event().wait()
+        failure = self.outcomes.pop(0)
+        if failure is not None:
+            raise failure
+        yield "BOOKMARK", {"metadata": {"resourceVersion": resource_version + "+"}}
+
+
+async def test_a_throttled_watch_resumes_from_its_version_without_a_relist() -> None:
+    api = WatchApi(
+        [None, ApiError(429, "Too many requests", retry_after=0.01), ApiError(0, "connection reset")]
+    )
+    pub = publisher(api)
+    pub.set_devices(devs(1))
+    await pub.sync()
+    stop = asyncio.Event()
+    task = asyncio.create_task(pub.watch(stop))
+    await asyncio.wait_for(api.done.wait(), 5)
+    stop.set()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    # The first watch ended after a bookmark (the server's timeout): resumed from it. The
+    # 429 resumed from the same version, and kept the cache; a broken watch lists again.
+    assert api.watched_from == ["v1", "v1+", "v1+", "v2"]
+    assert api.list_versions == 2
