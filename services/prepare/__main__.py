@@ -69,8 +69,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--no-claim-prefetch",
         action="store_true",
-        help="do not watch the node's Pods to read their claims ahead of the kubelet's call "
-        "(then every claim is read when prepared; the Pod waits for that GET)",
+        help="do not watch the node's Pods to read their claims (and the inventory's view of "
+        "their devices) ahead of the kubelet's call (then every claim is read when prepared; "
+        "the Pod waits for that GET and that lookup)",
     )
     features.add_flag(p)
     return p.parse_args(argv)
@@ -82,7 +83,11 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     await kube.start()
     store = StoreClient(args.store_socket or service.socket_path(run_dir, "store"))
     inventory = InventoryClient(args.inventory_socket or service.socket_path(run_dir, "inventory"))
-    prefetch = None if args.no_claim_prefetch else ClaimPrefetch(kube, args.node_name)
+    prefetch = (
+        None
+        if args.no_claim_prefetch
+        else ClaimPrefetch(kube, args.node_name, read_device=inventory.get_device, driver=args.driver_name)
+    )
     preparer = Preparer(
         args.driver_name,
         args.node_name,

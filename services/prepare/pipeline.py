@@ -71,6 +71,7 @@ class ClaimResult:
     error: str = ""
     # The claim came from the read-ahead of the Pod watch (services/prepare/prefetch.py).
     read_ahead: bool = False
+    devices_read_ahead: int = 0  # its devices whose inventory answer was read ahead too
 
 
 @dataclass
@@ -79,6 +80,7 @@ class Timings:
 
     api_read: float = 0.0
     read_ahead: int = 0  # claims that came from the Pod watch's read-ahead
+    devices_read_ahead: int = 0  # inventory answers read ahead with those claims
     inventory: float = 0.0
     pipeline: float = 0.0
     store_write: float = 0.0
@@ -86,6 +88,7 @@ class Timings:
     def add(self, other: Timings) -> None:
         self.api_read += other.api_read
         self.read_ahead += other.read_ahead
+        self.devices_read_ahead += other.devices_read_ahead
         self.inventory += other.inventory
         self.pipeline += other.pipeline
         self.store_write += other.store_write
@@ -93,6 +96,10 @@ class Timings:
 
 class ClaimError(Exception):
     """Fails one claim; the message says which claim, request, device and why."""
+
+
+class GateClosed(ClaimError):
+    """The safety gate said no: the claim stops before any step with a side effect."""
 
 
 class Preparer:
@@ -137,22 +144,26 @@ class Preparer:
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimResult]:
         """Prepare every claim; one result (devices or error) per claim UID."""
         self.last_timings = Timings()
-        # Reading the claims has no side effect: do it while the gate is checked.
+        # Reading the claims and looking their devices up have no side effect: done while
+        # the gate is checked. Each claim waits for the gate before anything that has one
+        # (a profile, a DHCP lease); nothing is stored unless it passed.
+        gate = asyncio.ensure_future(self._safety_gate())
         fetches = [asyncio.ensure_future(self._fetch_claim(c)) for c in claims]
-        gate = await self._safety_gate()
-        if gate:
-            for f in fetches:
-                f.cancel()
-            await asyncio.gather(*fetches, return_exceptions=True)
-            return {c.uid: ClaimResult(error=f"claim {c}: {gate}") for c in claims}
         try:
             node = await self.node_info()
         except InventoryError as exc:
-            await asyncio.gather(*fetches, return_exceptions=True)
+            await asyncio.gather(gate, *fetches, return_exceptions=True)
             return {c.uid: ClaimResult(error=f"claim {c}: {exc}") for c in claims}
-        planned = await asyncio.gather(
-            *(self._plan_claim(c, f, node) for c, f in zip(claims, fetches, strict=True))
-        )
+        try:
+            planned = await asyncio.gather(
+                *(self._plan_claim(c, f, node, gate) for c, f in zip(claims, fetches, strict=True))
+            )
+        except BaseException:
+            gate.cancel()
+            raise
+        closed = await gate
+        if closed:
+            return {c.uid: ClaimResult(error=f"claim {c}: {closed}") for c in claims}
         results: dict[str, ClaimResult] = {}
         to_store: list[tuple[ClaimRef, list[st.DeviceConfig], list[st.KeptDevice]]] = []
         for claim, outcome in zip(claims, planned, strict=True):
@@ -161,7 +172,11 @@ class Preparer:
                 continue
             configs, kept, devices, timings = outcome
             self.last_timings.add(timings)
-            results[claim.uid] = ClaimResult(devices=devices, read_ahead=bool(timings.read_ahead))
+            results[claim.uid] = ClaimResult(
+                devices=devices,
+                read_ahead=bool(timings.read_ahead),
+                devices_read_ahead=timings.devices_read_ahead,
+            )
             new = [c for c in configs if c.revision == 0]
             if new:
                 to_store.append((claim, new, kept))
@@ -187,6 +202,7 @@ class Preparer:
                 "claims": len(claims),
                 "api_read_ms": round(t.api_read * 1000, 3),
                 "read_ahead": t.read_ahead,
+                "devices_read_ahead": t.devices_read_ahead,
                 "inventory_ms": round(t.inventory * 1000, 3),
                 "pipeline_ms": round(t.pipeline * 1000, 3),
                 "store_write_ms": round(t.store_write * 1000, 3),
@@ -206,6 +222,7 @@ class Preparer:
                         claim_uid=claim.uid,
                         devices=[d.device for d in res.devices],
                         read_ahead=res.read_ahead,
+                        devices_read_ahead=res.devices_read_ahead,
                     ),
                 )
         return results
@@ -243,6 +260,7 @@ class Preparer:
         ref: ClaimRef,
         fetch: asyncio.Future[tuple[dict[str, Any] | None, float, bool]],
         node: inv.NodeInfo,
+        gate: asyncio.Future[str],
     ) -> tuple[list[st.DeviceConfig], list[st.KeptDevice], list[PreparedDevice], Timings] | ClaimError:
         timings = Timings()
         try:
@@ -272,7 +290,9 @@ class Preparer:
             errors: list[str] = []
             for result in ours:
                 try:
-                    cfg, keep = await self._prepare_device(ref, pod, result, entries, node, timings)
+                    cfg, keep = await self._prepare_device(ref, pod, result, entries, node, timings, gate)
+                except GateClosed:
+                    break  # prepare() answers every claim with the reason
                 except ClaimError as exc:
                     errors.append(str(exc))
                     continue
@@ -311,6 +331,7 @@ class Preparer:
         entries: list[dict[str, Any]],
         node: inv.NodeInfo,
         timings: Timings,
+        gate: asyncio.Future[str],
     ) -> tuple[st.DeviceConfig, st.KeptDevice | None]:
         """The device's config, and (PersistentResourceSliceAttributes) the device as the
         inventory publishes it; no KeptDevice for a config already stored (its own was saved
@@ -325,7 +346,7 @@ class Preparer:
         # Both lookups at once; the inventory's answer is unused when the device
         # is already prepared, which costs nothing but saves a round trip otherwise.
         t0 = time.perf_counter()
-        lookup = asyncio.ensure_future(self.inventory.get_device(device))
+        lookup = asyncio.ensure_future(self._lookup(ref.uid, device, timings))
         try:
             existing = await self.store.get_device(pod.uid, device)
         except BaseException:
@@ -343,6 +364,8 @@ class Preparer:
             return existing, None  # idempotent: reuse, allocate nothing new
         dev = await lookup
         timings.inventory += time.perf_counter() - t0
+        if await gate:
+            raise GateClosed()
         if dev is None:
             if existing is not None:
                 await self._release_profiles([existing], delete=True)
@@ -393,6 +416,15 @@ class Preparer:
                         extra=log_fields(device=dev.name, claim_uid=ref.uid),
                     )
                 return step.config, step.kept
+
+    async def _lookup(self, claim_uid: str, device: str, timings: Timings) -> inv.Device | None:
+        """The inventory's answer for ``device``: read ahead with the claim, or asked now."""
+        if self.prefetch is not None:
+            found = await self.prefetch.take_device(claim_uid, device)
+            if found is not None:
+                timings.devices_read_ahead += 1
+                return found
+        return await self.inventory.get_device(device)
 
     async def _lease(self, ifname: str, where: str, profile_owned: st.DeviceConfig | None) -> Lease:
         """interface.dhcp (dranet prepareResourceClaim): a DHCP lease on the host interface

@@ -14,6 +14,14 @@ it is allocated and reserved. The scheduler writes the allocation (with the conf
 before it binds the Pod, and both are immutable once set, so a copy read after the binding
 says what a GET would. Anything else falls back to a GET. The watch is only a shortcut:
 when it fails it starts again with backoff, and prepare reads its claims itself meanwhile.
+
+With the claim in hand, the devices allocated on this node are read ahead from the
+inventory too (GetDevice with the host snapshot: link, addresses, routes, rules, RDMA
+files; the next largest part once the claim GET is gone). A device copy is used once, if
+younger than ``device_max_age_s`` (seconds: the same window as the one between prepare
+and the Pod's sandbox, where the host state is read once too), and only if the inventory
+found the device: "no such device" is never taken from a read-ahead, since the device may
+have been on its way back from an earlier Pod; prepare asks again itself.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import contextlib
 import logging
 import random
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from prometheus_client import Counter
@@ -35,6 +44,8 @@ from shared.tasks import TaskSet
 log = logging.getLogger(__name__)
 
 MAX_AGE_S = 30.0
+DEVICE_MAX_AGE_S = 5.0
+SEEN_MAX_AGE_S = 600.0
 WATCH_TIMEOUT_S = 300
 BACKOFF_MAX_S = 30.0
 
@@ -46,7 +57,26 @@ PREFETCH = Counter(
     registry=REGISTRY,
 )
 
-Key = tuple[str, str]  # namespace, name
+DEVICE_PREFETCH = Counter(
+    f"{NAMESPACE}_prepare_device_prefetch_total",
+    "Devices prepare looked up, by whether the inventory's answer read ahead with the claim was "
+    "used (hit) or it asked the inventory itself (miss).",
+    ["result"],
+    registry=REGISTRY,
+)
+
+Key = tuple[str, str]  # namespace, name; or claim UID, device
+ReadDevice = Callable[[str], Awaitable[Any]]  # InventoryClient.get_device: the device or None
+
+
+def node_devices(claim: dict[str, Any], driver: str, pool: str) -> list[str]:
+    """The devices allocated to ``claim`` from this driver's pool ``pool`` (this node's)."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    return [
+        str(r.get("device", ""))
+        for r in (allocation.get("devices") or {}).get("results") or []
+        if r.get("driver") == driver and r.get("pool") == pool and r.get("device")
+    ]
 
 
 def pod_claim_names(pod: dict[str, Any]) -> list[str]:
@@ -75,13 +105,26 @@ def usable(claim: dict[str, Any] | None, uid: str) -> bool:
 class ClaimPrefetch:
     """See the module docstring."""
 
-    def __init__(self, kube: Kube, node_name: str, max_age_s: float = MAX_AGE_S) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        node_name: str,
+        max_age_s: float = MAX_AGE_S,
+        read_device: ReadDevice | None = None,
+        driver: str = "dra.net",
+        device_max_age_s: float = DEVICE_MAX_AGE_S,
+    ) -> None:
         self.kube = kube
         self.node_name = node_name
         self.max_age_s = max_age_s
+        self.read_device = read_device
+        self.driver = driver
+        self.device_max_age_s = device_max_age_s
         self._claims: dict[Key, tuple[float, dict[str, Any]]] = {}
         self._inflight: dict[Key, asyncio.Future[dict[str, Any] | None]] = {}
         self._seen: dict[Key, float] = {}
+        self._devices: dict[Key, tuple[float, Any]] = {}
+        self._device_inflight: dict[Key, asyncio.Future[Any]] = {}
         self._tasks = TaskSet()
         self.watching = False
 
@@ -104,6 +147,26 @@ class ClaimPrefetch:
             return claim
         PREFETCH.labels("miss").inc()
         return None
+
+    async def take_device(self, claim_uid: str, device: str) -> Any | None:
+        """The inventory's answer for ``device`` read ahead with claim ``claim_uid``, or
+        None (then prepare asks the inventory)."""
+        if self.read_device is None:
+            return None
+        key = (claim_uid, device)
+        found: Any = None
+        entry = self._devices.pop(key, None)
+        if entry is not None and time.monotonic() - entry[0] <= self.device_max_age_s:
+            found = entry[1]
+        elif (fut := self._device_inflight.get(key)) is not None:
+            try:
+                found = await asyncio.shield(fut)
+            except asyncio.CancelledError:
+                if not fut.cancelled():
+                    raise  # prepare itself was cancelled
+            self._devices.pop(key, None)
+        DEVICE_PREFETCH.labels("hit" if found is not None else "miss").inc()
+        return found
 
     # -- the watch ---------------------------------------------------------------------------
 
@@ -164,6 +227,7 @@ class ClaimPrefetch:
             self._prune()
 
     def _on_pod(self, pod: dict[str, Any]) -> None:
+        self._prune()
         meta = pod.get("metadata") or {}
         if meta.get("deletionTimestamp") or (pod.get("status") or {}).get("phase") not in (None, "Pending"):
             return
@@ -186,11 +250,35 @@ class ClaimPrefetch:
             self._inflight.pop(key, None)
         if claim is not None:
             self._claims[key] = (time.monotonic(), claim)
+            uid = str((claim.get("metadata") or {}).get("uid", ""))
+            if self.read_device is not None and usable(claim, uid):
+                for device in node_devices(claim, self.driver, self.node_name):
+                    dkey = (uid, device)
+                    if dkey not in self._devices and dkey not in self._device_inflight:
+                        self._device_inflight[dkey] = self._tasks.spawn(self._fetch_device(dkey))
         return claim
+
+    async def _fetch_device(self, key: Key) -> Any:
+        assert self.read_device is not None
+        try:
+            found = await self.read_device(key[1])
+        except Exception as exc:  # prepare will ask the inventory itself, and report that
+            log.debug("device read-ahead failed", extra={"device": key[1], "error": str(exc)})
+            return None
+        finally:
+            self._device_inflight.pop(key, None)
+        if found is not None:
+            self._devices[key] = (time.monotonic(), found)
+        return found
 
     def _prune(self) -> None:
         old = time.monotonic() - self.max_age_s
         for key in [k for k, (t, _) in self._claims.items() if t < old]:
             del self._claims[key]
-        for key in [k for k, t in self._seen.items() if t < old]:
+        # A Pod stays Pending (image pull) long after its claims were taken: read them once.
+        seen = time.monotonic() - max(self.max_age_s, SEEN_MAX_AGE_S)
+        for key in [k for k, t in self._seen.items() if t < seen]:
             del self._seen[key]
+        old_device = time.monotonic() - self.device_max_age_s
+        for key in [k for k, (t, _) in self._devices.items() if t < old_device]:
+            del self._devices[key]

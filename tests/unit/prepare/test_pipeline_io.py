@@ -6,6 +6,7 @@ the inventory, the store and the DHCP client."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -197,3 +198,64 @@ async def test_no_dhcp_lease_fails_the_claim_and_releases_its_profile() -> None:
     assert inventory.calls[-1][:3] == ("release", "eth1", "rdma-a")
     assert store.calls == [("put", "eth1", "provisional"), ("delete", "eth1")]
     assert store.configs == {}
+
+
+class GatedStore(FakeStore):
+    """The store's view of attach: connected or not, answered after ``delay`` seconds."""
+
+    def __init__(self, connected: bool, delay: float) -> None:
+        super().__init__()
+        self.connected, self.delay = connected, delay
+        self.answered = False
+
+    async def get_liveness(self) -> st.AttachLiveness:
+        await asyncio.sleep(self.delay)
+        self.answered = True
+        return st.AttachLiveness(connected=self.connected)
+
+
+class WatchedInventory(FakeInventory):
+    def __init__(self, store: GatedStore) -> None:
+        super().__init__("")
+        self.store = store
+        self.looked_up_before_the_gate = False
+
+    async def get_device(self, name: str) -> inv.Device | None:
+        self.looked_up_before_the_gate = not self.store.answered
+        return await super().get_device(name)
+
+
+def gated(connected: bool) -> tuple[Preparer, WatchedInventory, GatedStore, FakeDhcp]:
+    store = GatedStore(connected, delay=0.05)
+    inventory, dhcp = WatchedInventory(store), FakeDhcp(DhcpLease(interface="eth1", address="192.0.2.7/24"))
+    p = Preparer(
+        DRIVER,
+        NODE,
+        FakeKube({"profile": "rdma-a", "interface": {"dhcp": True}}),  # type: ignore[arg-type]
+        inventory,  # type: ignore[arg-type]
+        store,  # type: ignore[arg-type]
+        require_attach=True,
+        dhcp=dhcp,  # type: ignore[arg-type]
+    )
+    return p, inventory, store, dhcp
+
+
+async def test_a_closed_gate_stops_every_claim_before_any_side_effect() -> None:
+    """The claim read and the device lookups run while the gate is asked (they change
+    nothing); the profile, the DHCP lease and the store write wait for its answer."""
+    p, inventory, store, dhcp = gated(connected=False)
+    result = (await p.prepare([REF]))[REF.uid]
+    assert result.error == (
+        "claim default/c1: the attach service is not connected to the container runtime (NRI); "
+        "a Pod started now would miss its devices, retry later"
+    )
+    assert inventory.looked_up_before_the_gate
+    assert inventory.calls == [] and dhcp.asked == [] and store.calls == []
+
+
+async def test_an_open_gate_answered_late_still_prepares() -> None:
+    p, inventory, store, dhcp = gated(connected=True)
+    assert (await p.prepare([REF]))[REF.uid].error == ""
+    assert inventory.looked_up_before_the_gate
+    assert [c[0] for c in inventory.calls] == ["resolve"] and dhcp.asked == ["eth1"]
+    assert store.calls[-1] == ("put", "eth1", "final")

@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 
 from services.prepare.kube import KubeError
-from services.prepare.prefetch import PREFETCH, ClaimPrefetch, pod_claim_names, usable
+from services.prepare.prefetch import (
+    DEVICE_PREFETCH,
+    PREFETCH,
+    ClaimPrefetch,
+    node_devices,
+    pod_claim_names,
+    usable,
+)
 
 
 def claim(uid: str = "u1", allocated: bool = True, reserved: bool = True) -> dict[str, Any]:
@@ -137,3 +144,98 @@ async def test_pods_past_their_start_read_nothing(p_: Any) -> None:
     p._on_pod(p_)
     await asyncio.sleep(0)
     assert kube.gets == []
+
+
+# -- the devices, read ahead with their claim ----------------------------------------------
+
+
+def claim_with(*results: tuple[str, str, str]) -> dict[str, Any]:
+    """An allocated, reserved claim with (driver, pool, device) results."""
+    c = claim()
+    c["status"]["allocation"] = {
+        "devices": {"results": [{"driver": d, "pool": pl, "device": dev} for d, pl, dev in results]}
+    }
+    return c
+
+
+class FakeInventory:
+    def __init__(self, known: set[str], delay: float = 0.0, fail: bool = False) -> None:
+        self.known = known
+        self.delay = delay
+        self.fail = fail
+        self.asked: list[str] = []
+
+    async def get_device(self, name: str) -> dict[str, str] | None:
+        self.asked.append(name)
+        await asyncio.sleep(self.delay)
+        if self.fail:
+            raise RuntimeError("inventory at /run/inventory.sock unavailable")
+        return {"name": name} if name in self.known else None
+
+
+def device_hits() -> tuple[float, float]:
+    return (
+        DEVICE_PREFETCH.labels("hit")._value.get(),  # type: ignore[attr-defined]
+        DEVICE_PREFETCH.labels("miss")._value.get(),  # type: ignore[attr-defined]
+    )
+
+
+def test_only_this_drivers_devices_in_this_nodes_pool() -> None:
+    c = claim_with(("dra.net", "node-a", "eth1"), ("dra.net", "node-b", "eth2"), ("gpu.x", "node-a", "g0"))
+    assert node_devices(c, "dra.net", "node-a") == ["eth1"]
+
+
+async def test_the_claims_devices_on_this_node_are_read_ahead_and_taken_once() -> None:
+    c = claim_with(
+        ("dra.net", "node-a", "eth1"), ("dra.net", "node-a", "eth2"), ("dra.net", "node-b", "eth3")
+    )
+    inventory = FakeInventory({"eth1", "eth2", "eth3"})
+    p = ClaimPrefetch(FakeKube({"c1": c}), "node-a", read_device=inventory.get_device)  # type: ignore[arg-type]
+    p._on_pod(pod("c1"))
+    await asyncio.sleep(0.01)
+    assert sorted(inventory.asked) == ["eth1", "eth2"]  # not the other node's device
+    h0, m0 = device_hits()
+    assert await p.take_device("u1", "eth1") == {"name": "eth1"}
+    assert await p.take_device("u1", "eth1") is None  # once: a retry asks the inventory
+    assert await p.take_device("other-claim", "eth2") is None  # keyed by the claim too
+    assert device_hits() == (h0 + 1, m0 + 2)
+
+
+async def test_a_device_read_on_its_way_is_awaited() -> None:
+    inventory = FakeInventory({"eth1"}, delay=0.05)
+    c = claim_with(("dra.net", "node-a", "eth1"))
+    p = ClaimPrefetch(FakeKube({"c1": c}), "node-a", read_device=inventory.get_device)  # type: ignore[arg-type]
+    p._on_pod(pod("c1"))
+    assert await p.take("ns", "c1", "u1") == c
+    assert await p.take_device("u1", "eth1") == {"name": "eth1"}
+    assert inventory.asked == ["eth1"]
+
+
+@pytest.mark.parametrize(
+    ("inventory", "max_age"),
+    [(FakeInventory(set()), 5.0), (FakeInventory({"eth1"}, fail=True), 5.0), (FakeInventory({"eth1"}), 0.0)],
+    ids=["not-found", "inventory-error", "too-old"],
+)
+async def test_a_device_answer_that_cannot_stand_in_is_a_miss(
+    inventory: FakeInventory, max_age: float
+) -> None:
+    """ "No such device" is never taken from a read-ahead: the device may have been on its
+    way back from an earlier Pod; prepare asks the inventory itself then."""
+    c = claim_with(("dra.net", "node-a", "eth1"))
+    p = ClaimPrefetch(
+        FakeKube({"c1": c}),  # type: ignore[arg-type]
+        "node-a",
+        read_device=inventory.get_device,
+        device_max_age_s=max_age,
+    )
+    p._on_pod(pod("c1"))
+    await asyncio.sleep(0.01)
+    assert inventory.asked == ["eth1"]
+    assert await p.take_device("u1", "eth1") is None
+
+
+async def test_without_an_inventory_reader_nothing_is_read_ahead() -> None:
+    p = ClaimPrefetch(FakeKube({"c1": claim_with(("dra.net", "node-a", "eth1"))}), "node-a")  # type: ignore[arg-type]
+    p._on_pod(pod("c1"))
+    await asyncio.sleep(0.01)
+    assert await p.take_device("u1", "eth1") is None
