@@ -144,6 +144,7 @@ class Preparer:
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimResult]:
         """Prepare every claim; one result (devices or error) per claim UID."""
         self.last_timings = Timings()
+        started = time.perf_counter()
         # Reading the claims and looking their devices up have no side effect: done while
         # the gate is checked. Each claim waits for the gate before anything that has one
         # (a profile, a DHCP lease); nothing is stored unless it passed.
@@ -206,6 +207,7 @@ class Preparer:
                 "inventory_ms": round(t.inventory * 1000, 3),
                 "pipeline_ms": round(t.pipeline * 1000, 3),
                 "store_write_ms": round(t.store_write * 1000, 3),
+                "total_ms": round((time.perf_counter() - started) * 1000, 3),
             },
         )
         for claim in claims:

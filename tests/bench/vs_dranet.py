@@ -29,6 +29,9 @@ Once per driver, in its last round, after its Pods:
   processes (``ip netns exec`` exec()s into python: the pid is the service, checked by its
   cmdline), dranet's is ``DranetRef.pid`` (``ip netns exec`` / ``unshare`` / ``sh -c ... exec``
   all exec() into dranet, checked by /proc/<pid>/comm). ``*_hwm_mib``: VmHWM, the peak.
+  ``*_pss_mib``: PSS summed (a page shared with any process, this bench too, split among them);
+  ``*_footprint_mib``: private pages plus each mapped file's shared pages once: what the
+  processes cost the node together (VmRSS counts libgrpc and libpython once per process).
 - ``*_cpu_idle_s``: CPU seconds (utime+stime+cutime+cstime of /proc/<pid>/stat over
   SC_CLK_TCK; neither driver forks helpers, the children's part stays 0) over ``--idle-s``
   (20) seconds with the NICs published and no Pod.
@@ -131,6 +134,32 @@ def ratio(a: float, b: float) -> float:
 def status_kib(pid: int, key: str) -> int:
     m = re.search(rf"^{key}:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text(), re.M)
     return int(m.group(1)) if m else 0
+
+
+def footprint_kib(pids: Sequence[int]) -> tuple[int, int]:
+    """(PSS summed, group footprint) of ``pids`` in KiB, from /proc/<pid>/smaps. The group
+    footprint counts every private page, and the shared pages of each mapped file once (the
+    largest of the processes' shares of it): what the processes cost the node together, where
+    VmRSS counts a library they all map (libgrpc, libpython) once per process."""
+    pss = private = 0
+    shared: dict[str, int] = {}
+    for pid in pids:
+        name = ""
+        for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+            head = line.split(None, 1)
+            if head and not head[0].endswith(":"):  # a mapping: "addr perms off dev inode path"
+                parts = line.split(None, 5)
+                name = parts[5] if len(parts) == 6 else f"[anon:{pid}:{parts[0]}]"
+                continue
+            key, _, rest = line.partition(":")
+            kib = int(rest.split()[0]) if rest.strip() and rest.split()[0].isdigit() else 0
+            if key == "Pss":
+                pss += kib
+            elif key in ("Private_Clean", "Private_Dirty"):
+                private += kib
+            elif key in ("Shared_Clean", "Shared_Dirty"):
+                shared[f"{name}|{key}"] = max(shared.get(f"{name}|{key}", 0), kib)
+    return pss, private + sum(shared.values())
 
 
 def cpu_s(pid: int) -> float:
@@ -485,9 +514,12 @@ class Bench:
         pids = side.pids()
         rss = {k: status_kib(p, "VmRSS") for k, p in pids.items()}
         hwm = {k: status_kib(p, "VmHWM") for k, p in pids.items()}
+        pss, group = footprint_kib(list(pids.values()))
         return {
             "rss_mib": round(sum(rss.values()) / 1024, 1),
             "hwm_mib": round(sum(hwm.values()) / 1024, 1),
+            "pss_mib": round(pss / 1024, 1),
+            "footprint_mib": round(group / 1024, 1),
             "rss_by_process_mib": {k: round(v / 1024, 1) for k, v in rss.items()},
         }
 
@@ -687,6 +719,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ("prepare", "prepare_p50_ms"),
         ("teardown", "teardown_p50_ms"),
         ("rss", "rss_mib"),
+        ("footprint", "footprint_mib"),
         ("publish", "publish_1000_s"),
         ("publish_128", "publish_128_s"),
         ("cpu_idle", "cpu_idle_s"),
