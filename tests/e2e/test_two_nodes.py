@@ -11,6 +11,7 @@ node B's Node object); every test adds NICs of its own and removes them at the e
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import subprocess
 from collections.abc import Iterator
@@ -159,6 +160,15 @@ async def test_claim_for_a_device_only_one_node_has_runs_there_the_whole_attach_
     k = env.kube[node]
     info = env.two.a.api.get(f"/api/v1/nodes/{node}")["status"]["nodeInfo"]
     assert info["containerRuntimeVersion"].startswith("containerd://1.7." if node == A else "containerd://2.")
+    # The node's attach is registered with the node's own containerd (Configure names it).
+    connected = [
+        json.loads(line)
+        for line in env.two.drivers[node].procs["attach"].log().splitlines()
+        if '"NRI plugin connected"' in line
+    ]
+    ctrd = env.two.nodes[node].containerd
+    assert ctrd is not None and connected
+    assert connected[-1]["runtime_version"] == ctrd.version_string
     nic, decoy = env.add_nic(node), env.add_nic(other(node))
     await k.wait_published(nic)
     await env.kube[other(node)].wait_published(decoy)
