@@ -311,9 +311,18 @@ class Containerd:
     """
 
     def __init__(
-        self, workdir: Path | None = None, cache: RuntimeCache | None = None, netns: str | None = None
+        self,
+        workdir: Path | None = None,
+        cache: RuntimeCache | None = None,
+        netns: str | None = None,
+        bin_dir: Path | None = None,
     ) -> None:
         self.cache = cache or RuntimeCache.default()
+        # Where ``containerd`` and its ``containerd-shim-runc-v2`` come from: the runtime cache's
+        # 1.7 by default, or a 2.x build (``dev/build-containerd.sh``: ``containerd2_bin_dir()``),
+        # which gets a config of version 3. ``ctr``, runc, CNI and the pause image stay the cache's.
+        self.bin_dir = bin_dir or self.cache.bin_dir
+        self.containerd_bin = self.bin_dir / "containerd"
         # A named network namespace (``ip netns``) to run the daemon in: its hostNetwork pods,
         # CNI bridge and pods' veths are then that namespace's, as on a node of their own.
         self.netns = netns
@@ -364,7 +373,7 @@ class Containerd:
 
     def _setup(self) -> None:
         self.version_string = self._read_version()
-        self.version = self.version_string.split("~")[0].split("+")[0]
+        self.version = self.version_string.split("~")[0].split("+")[0].lstrip("v")
         self._claim_ = _claim_subnet(self.workdir, self.grpc_socket, self.cache)
         # A bridge left by an earlier instance that held this index and died is ours to remove.
         _delete_link(self.bridge)
@@ -376,10 +385,16 @@ class Containerd:
 
     def _read_version(self) -> str:
         out = subprocess.run(
-            [str(self.cache.containerd), "--version"], check=True, capture_output=True, text=True
+            [str(self.containerd_bin), "--version"], check=True, capture_output=True, text=True
         )
-        # "containerd github.com/containerd/containerd 1.7.24~ds1"
+        # "containerd github.com/containerd/containerd 1.7.24~ds1" (Debian's 1.7),
+        # "containerd github.com/containerd/containerd/v2 v2.2.9 module" (dev/build-containerd.sh)
         return out.stdout.split()[2]
+
+    @property
+    def major(self) -> int:
+        """The daemon's major version (1 or 2), known after the first start."""
+        return int(self.version.split(".")[0])
 
     def _write_config(self) -> None:
         for d in (
@@ -414,12 +429,13 @@ class Containerd:
             ],
         }
         (self.cni_conf_dir / "10-dranet-devcluster.conflist").write_text(json.dumps(conflist, indent=2))
+        if self.major >= 2:
+            self.config_path.write_text("\n".join(self._config_v3()) + "\n")
+            return
         cri_plugin = '[plugins."io.containerd.grpc.v1.cri"'
         runc_rt = f"{cri_plugin}.containerd.runtimes.runc"
         lines = [
             "version = 2",
-            f"root = {_toml_str(self.root)}",
-            f"state = {_toml_str(self.state)}",
             # Plugins the CRI and NRI path never uses; skipping them makes the start faster.
             "disabled_plugins = ["
             + ", ".join(
@@ -434,22 +450,9 @@ class Containerd:
                 )
             )
             + "]",
-            "[grpc]",
-            f"  address = {_toml_str(self.grpc_socket)}",
-            "[ttrpc]",
-            f"  address = {_toml_str(str(self.grpc_socket) + '.ttrpc')}",
-            "[debug]",
-            '  level = "info"',
+            *self._common_config(),
             '[plugins."io.containerd.internal.v1.opt"]',
             f"  path = {_toml_str(self.workdir / 'opt')}",
-            '[plugins."io.containerd.nri.v1.nri"]',
-            "  disable = false",
-            "  disable_connections = false",
-            f"  socket_path = {_toml_str(self.nri_socket)}",
-            f"  plugin_path = {_toml_str(self.workdir / 'nri' / 'plugins')}",
-            f"  plugin_config_path = {_toml_str(self.workdir / 'nri' / 'conf.d')}",
-            '  plugin_registration_timeout = "5s"',
-            '  plugin_request_timeout = "2s"',
             f"{cri_plugin}]",
             f"  sandbox_image = {_toml_str(PAUSE_IMAGE)}",
             # Without it runc fails to write /proc/self/oom_score_adj on these machines
@@ -475,6 +478,63 @@ class Containerd:
             "  max_conf_num = 1",
         ]
         self.config_path.write_text("\n".join(lines) + "\n")
+
+    def _common_config(self) -> list[str]:
+        """The part of the config both versions read the same way: root, state, sockets, NRI."""
+        return [
+            f"root = {_toml_str(self.root)}",
+            f"state = {_toml_str(self.state)}",
+            "[grpc]",
+            f"  address = {_toml_str(self.grpc_socket)}",
+            "[ttrpc]",
+            f"  address = {_toml_str(str(self.grpc_socket) + '.ttrpc')}",
+            "[debug]",
+            '  level = "info"',
+            '[plugins."io.containerd.nri.v1.nri"]',
+            "  disable = false",
+            "  disable_connections = false",
+            f"  socket_path = {_toml_str(self.nri_socket)}",
+            f"  plugin_path = {_toml_str(self.workdir / 'nri' / 'plugins')}",
+            f"  plugin_config_path = {_toml_str(self.workdir / 'nri' / 'conf.d')}",
+            '  plugin_registration_timeout = "5s"',
+            '  plugin_request_timeout = "2s"',
+        ]
+
+    def _config_v3(self) -> list[str]:
+        """containerd 2.x: config version 3, where the CRI plugin is split into
+        ``io.containerd.cri.v1.runtime`` (runtimes, CNI), ``io.containerd.cri.v1.images``
+        (snapshotter, the pinned sandbox image) and ``io.containerd.grpc.v1.cri`` (the stream
+        server); the same settings as the 1.7 config below, in their new places."""
+        rt = '[plugins."io.containerd.cri.v1.runtime"'
+        runc_rt = f"{rt}.containerd.runtimes.runc"
+        images = '[plugins."io.containerd.cri.v1.images"'
+        return [
+            "version = 3",
+            *self._common_config(),
+            f"{rt}]",
+            "  restrict_oom_score_adj = true",
+            "  disable_apparmor = true",
+            "  enable_selinux = false",
+            f"{rt}.containerd]",
+            '  default_runtime_name = "runc"',
+            f"{runc_rt}]",
+            '  runtime_type = "io.containerd.runc.v2"',
+            f"{runc_rt}.options]",
+            f"  BinaryName = {_toml_str(RUNC)}",
+            f"  Root = {_toml_str(self.state / 'runc')}",
+            "  SystemdCgroup = false",
+            f"{rt}.cni]",
+            f"  bin_dirs = [{_toml_str(CNI_BIN_DIR)}]",
+            f"  conf_dir = {_toml_str(self.cni_conf_dir)}",
+            "  max_conf_num = 1",
+            f"{images}]",
+            '  snapshotter = "overlayfs"',
+            f"{images}.pinned_images]",
+            f"  sandbox = {_toml_str(PAUSE_IMAGE)}",
+            '[plugins."io.containerd.grpc.v1.cri"]',
+            '  stream_server_address = "127.0.0.1"',
+            '  stream_server_port = "0"',
+        ]
 
     def _record_claim(self) -> None:
         rec = json.loads(self._claim.path.read_text())
@@ -507,7 +567,8 @@ class Containerd:
         if self._claim_ is None:
             self._setup()
         env = {
-            "PATH": f"{self.cache.bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin",
+            # The shim is found on PATH: the one built with this daemon first.
+            "PATH": f"{self.bin_dir}:{self.cache.bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin",
             "HOME": str(self.workdir),
             "LANG": "C.UTF-8",
         }
@@ -515,7 +576,7 @@ class Containerd:
         try:
             enter = ["nsenter", f"--net=/var/run/netns/{self.netns}"] if self.netns else []
             self._proc = subprocess.Popen(
-                [*enter, str(self.cache.containerd), "--config", str(self.config_path)],
+                [*enter, str(self.containerd_bin), "--config", str(self.config_path)],
                 stdin=subprocess.DEVNULL,
                 stdout=logf,
                 stderr=subprocess.STDOUT,

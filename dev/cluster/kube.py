@@ -127,6 +127,11 @@ def kube_bin(name: str, version: str | None = None) -> Path:
     return CACHE / f"kube-{version or selected_kube_version()}" / "bin" / name
 
 
+def containerd2_bin_dir(version: str | None = None) -> Path:
+    """Where ``dev/build-containerd.sh`` put containerd 2.x (default CONTAINERD2_VERSION)."""
+    return CACHE / f"containerd-{version or versions()['CONTAINERD2_VERSION']}" / "bin"
+
+
 def etcd_bin() -> Path:
     return CACHE / f"etcd-{versions()['ETCD_VERSION']}" / "bin" / "etcd"
 
@@ -187,6 +192,12 @@ class Pki:
         )  # fmt: skip
         self._openssl("genrsa", "-out", str(self.dir / "sa.key"), "2048")
         self._openssl("rsa", "-in", str(self.dir / "sa.key"), "-pubout", "-out", str(self.dir / "sa.pub"))
+
+    def adopt_ca(self, other: Pki) -> None:
+        """Sign with ``other``'s CA (a node joining that cluster): its key and certificate copied."""
+        for src, dst in ((other.ca_crt, self.ca_crt), (other.ca_key, self.ca_key)):
+            shutil.copyfile(src, dst)
+        self.ca_key.chmod(0o600)
 
     def cert(
         self, name: str, subject: str, sans: Sequence[str] = (), server: bool = False
@@ -433,14 +444,20 @@ class NodeNet:
         sh("ip", "-n", netns, "route", "add", f"{self.host_ip}/32", "via", a)
         return b
 
-    def route_service(self, service_ip: str, api_port: int) -> None:
+    def route_to(self, ip: str) -> None:
+        """A route from the node's namespace to ``ip``, an address on the host (another node's
+        ``host_ip``, where the API server listens), through this node's own host link."""
+        sh("ip", "-n", self.netns, "route", "replace", f"{ip}/32", "via", self.host_ip)
+
+    def route_service(self, service_ip: str, api_port: int, api_ip: str | None = None) -> None:
         """What kube-proxy does for the ``kubernetes`` Service, in the node's namespace only:
-        ``service_ip:443`` goes to the API server, so in-cluster clients of hostNetwork pods
-        (KUBERNETES_SERVICE_HOST) reach it. Goes away with the namespace."""
+        ``service_ip:443`` goes to the API server (on ``api_ip``, default this node's
+        ``host_ip``), so in-cluster clients of hostNetwork pods (KUBERNETES_SERVICE_HOST)
+        reach it. Goes away with the namespace."""
         sh("ip", "-n", self.netns, "route", "replace", f"{service_ip}/32", "dev", "apilink")
         sh(
             "iptables", "-t", "nat", "-A", "OUTPUT", "-d", f"{service_ip}/32", "-p", "tcp",
-            "--dport", "443", "-j", "DNAT", "--to-destination", f"{self.host_ip}:{api_port}",
+            "--dport", "443", "-j", "DNAT", "--to-destination", f"{api_ip or self.host_ip}:{api_port}",
             netns=self.netns,
         )  # fmt: skip
 
@@ -521,6 +538,8 @@ class KubeCluster:
         self.started_at: dict[str, float] = {}
         self.cgroup_name = f"dranet-dev-{secrets.token_hex(3)}"
         self._container_logs_existed = CONTAINER_LOGS.exists()
+        # Which Pods ``delete_pods`` deletes: all of them here; a SecondNode's only.
+        self._pods_selector = ""
 
     # -- facts ------------------------------------------------------------------------------------
 
@@ -601,18 +620,15 @@ class KubeCluster:
         sans += ["DNS:kubernetes", "DNS:kubernetes.default", "DNS:kubernetes.default.svc"]
         self.pki.cert("apiserver", "/CN=kube-apiserver", sans, server=True)
         self.pki.cert("kubelet-client", "/CN=kube-apiserver-kubelet-client/O=system:masters")
-        # The kubelet's serving certificate, signed by the cluster CA so clients can verify it
-        # (left to itself the kubelet self-signs one into /var/lib/kubelet/pki on the host).
-        self.pki.cert("kubelet-serving", f"/CN={self.node_name}", [f"IP:{self.net.node_ip}"], server=True)
         for user, subject in (
             ("admin", "/CN=admin/O=system:masters"),
             ("scheduler", "/CN=system:kube-scheduler"),
             ("controller-manager", "/CN=system:kube-controller-manager"),
-            ("node", f"/CN=system:node:{self.node_name}/O=system:nodes"),
         ):
             crt, key = self.pki.cert(user, subject)
             path = self.kubeconfig if user == "admin" else self.state / f"{user}.kubeconfig"
             write_kubeconfig(path, self.server, self.pki.ca_crt, user, crt, key)
+        self._make_node_certs()
         self.rest = Rest(
             self.net.host_ip,
             self.api_port,
@@ -620,6 +636,15 @@ class KubeCluster:
             self.pki.dir / "admin.crt",
             self.pki.dir / "admin.key",
         )
+
+    def _make_node_certs(self) -> None:
+        """The kubelet's serving certificate, signed by the cluster CA so clients can verify it
+        (left to itself the kubelet self-signs one into /var/lib/kubelet/pki on the host), and
+        its client identity ``system:node:<name>`` in ``system:nodes``, so the Node authorizer
+        and NodeRestriction apply: ``node.kubeconfig``."""
+        self.pki.cert("kubelet-serving", f"/CN={self.node_name}", [f"IP:{self.net.node_ip}"], server=True)
+        crt, key = self.pki.cert("node", f"/CN=system:node:{self.node_name}/O=system:nodes")
+        write_kubeconfig(self.state / "node.kubeconfig", self.server, self.pki.ca_crt, "node", crt, key)
 
     def _proc(self, name: str, argv: list[str]) -> Proc:
         p = Proc(name, argv, self.logs / f"{name}.log").start()
@@ -920,7 +945,8 @@ class KubeCluster:
         deadline = time.monotonic() + timeout
         while True:
             for name in ("kube-apiserver", "kubelet"):
-                self.procs[name].check()
+                if name in self.procs:  # a SecondNode has a kubelet only
+                    self.procs[name].check()
             node = self.api.call("GET", f"/api/v1/nodes/{self.node_name}", ok=(200, 404))
             status = node.get("status") if node.get("kind") == "Node" else None  # 404: a Status
             conds = {c["type"]: c["status"] for c in (status or {}).get("conditions", [])}
@@ -968,7 +994,7 @@ class KubeCluster:
             return
 
         def pods(keep: Sequence[str]) -> list[dict[str, Any]]:
-            items = self.api.get("/api/v1/pods")["items"]
+            items = self.api.get(f"/api/v1/pods{self._pods_selector}")["items"]
             return [p for p in items if p["metadata"]["namespace"] not in keep]
 
         with contextlib.suppress(Exception):
