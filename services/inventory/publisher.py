@@ -30,7 +30,7 @@ import ssl
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from services.inventory import metrics, pooling
 from services.inventory.pooling import Json, PublishedSlice
@@ -48,6 +48,11 @@ ApiError = kubeapi.ApiError
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
 
+class SliceList(NamedTuple):
+    items: list[Json]
+    resource_version: str
+
+
 class SliceClient:
     """ResourceSlice and Node calls as raw dicts over a shared/kubeapi.py KubeApi; every
     call has a timeout."""
@@ -59,16 +64,21 @@ class SliceClient:
     async def _call(self, method: str, path: str, **kw: Any) -> Json:
         return await self.api.request(method, path, deadline=self.timeout, **kw)
 
-    async def list_slices(self, node_name: str, driver: str) -> list[Json]:
+    async def list_slices(self, node_name: str, driver: str) -> SliceList:
+        """The node's slices and the list's resourceVersion (the first page's: a paged list
+        is one snapshot), from which a watch misses nothing the list did not hold."""
         out: list[Json] = []
         cont = ""
+        version = ""
         while True:
             query = {"fieldSelector": f"spec.nodeName={node_name},spec.driver={driver}", "continue": cont}
             page = await self._call("GET", SLICES, query=query)
             out.extend(page.get("items") or [])
-            cont = (page.get("metadata") or {}).get("continue") or ""
+            meta = page.get("metadata") or {}
+            version = version or str(meta.get("resourceVersion") or "")
+            cont = meta.get("continue") or ""
             if not cont:
-                return out
+                return SliceList(out, version)
 
     async def create_slice(self, obj: Json) -> Json:
         return await self._call("POST", SLICES, body=obj)
@@ -83,16 +93,6 @@ class SliceClient:
         except ApiError as exc:
             if exc.status != 404:
                 raise
-
-    async def list_version(self, node_name: str, driver: str) -> str:
-        """The resourceVersion of a (one-item) list of the node's slices: where a
-        watch starts."""
-        page = await self._call(
-            "GET",
-            SLICES,
-            query={"fieldSelector": f"spec.nodeName={node_name},spec.driver={driver}", "limit": 1},
-        )
-        return str((page.get("metadata") or {}).get("resourceVersion", ""))
 
     async def watch_slices(self, node_name: str, driver: str, resource_version: str) -> Any:
         """(type, object) for every change to the node's slices from ``resource_version``;
@@ -157,6 +157,10 @@ class Publisher:
         self._cache: dict[str, PublishedSlice] | None = None
         self._cache_time = 0.0
         self._owner_uid = ""
+        # The resourceVersion of the list the cache was built from: the watch starts there,
+        # so it needs no list of its own and misses nothing between the two.
+        self._listed_version = ""
+        self._listed = asyncio.Event()
         self._wake = asyncio.Event()
         self._synced = asyncio.Condition()
         self.last_error = ""
@@ -254,13 +258,29 @@ class Publisher:
         """Watch the node's slices. A change made by someone else (a kubelet wiping
         the node's slices at its start, an edit, a delete) drops the cache and wakes
         a sync at once, instead of waiting for the next resync. One of our own
-        writes seen before its answer only costs a re-list with nothing to write."""
+        writes seen before its answer only costs a re-list with nothing to write.
+
+        The watch starts from the version of the list the sync's cache came from, so a
+        thousand nodes starting at once make one list each, not two. Until a sync has
+        listed (nothing to publish yet) there is nothing the watch could repair."""
+        stopper = asyncio.ensure_future(stop.wait())
+        try:
+            await self._watch(stop, stopper)
+        finally:
+            stopper.cancel()
+
+    async def _watch(self, stop: asyncio.Event, stopper: asyncio.Future[Any]) -> None:
         backoff = self.backoff_initial
         version = ""
         while not stop.is_set():
             try:
                 if not version:
-                    version = await self.client.list_version(self.node_name, self.driver)
+                    listed = asyncio.ensure_future(self._listed.wait())
+                    await asyncio.wait({listed, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                    listed.cancel()
+                    if stop.is_set():
+                        return
+                    version = self._listed_version
                 # A watch the server ends (timeout) resumes from the last version seen.
                 async for kind, obj in self.client.watch_slices(self.node_name, self.driver, version):
                     backoff = self.backoff_initial
@@ -292,8 +312,10 @@ class Publisher:
                     log.debug(
                         "slice watch ended; listing again", extra={"node": self.node_name, "error": str(exc)}
                     )
-                    # Events may have been missed: re-list before trusting the cache.
+                    # Events may have been missed: re-list before trusting the cache, and
+                    # watch from that list.
                     version = ""
+                    self._listed.clear()
                     self._cache = None
                     self._wake.set()
                 try:
@@ -316,13 +338,16 @@ class Publisher:
                     ) from None
                 raise
         if self._cache is None or time.monotonic() - self._cache_time > self.resync:
-            items = await self.client.list_slices(self.node_name, self.driver)
+            items, listed_version = await self.client.list_slices(self.node_name, self.driver)
             self.stats.lists += 1
             self._cache = {}
             for obj in items:
                 s = PublishedSlice.from_object(obj)
                 self._cache[s.name] = s
             self._cache_time = time.monotonic()
+            if listed_version:
+                self._listed_version = listed_version
+                self._listed.set()
         cache = self._cache
         p = pooling.plan(self.pool_name, self.node_name, desired, list(cache.values()), self.max_per_slice)
         if p.empty:

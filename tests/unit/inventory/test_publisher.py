@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from services.inventory.pooling import Json
-from services.inventory.publisher import ApiError, Publisher
+from services.inventory.publisher import ApiError, Publisher, SliceList
 
 
 class MemoryApi:
@@ -25,6 +25,7 @@ class MemoryApi:
         self.fail_next: list[ApiError] = []
         self.lose_create_answer = False
         self.node_found = True
+        self.lists = 0
 
     def _maybe_fail(self) -> None:
         if self.fail_next:
@@ -36,13 +37,15 @@ class MemoryApi:
             raise ApiError(404, f'nodes "{name}" not found')
         return "node-uid-1"
 
-    async def list_slices(self, node_name: str, driver: str) -> list[Json]:
+    async def list_slices(self, node_name: str, driver: str) -> SliceList:
         self._maybe_fail()
-        return [
+        self.lists += 1
+        items = [
             copy.deepcopy(o)
             for o in self.objects.values()
             if o["spec"]["nodeName"] == node_name and o["spec"]["driver"] == driver
         ]
+        return SliceList(items, f"v{self.lists}")
 
     async def create_slice(self, obj: Json) -> Json:
         self._maybe_fail()
@@ -232,13 +235,8 @@ class WatchApi(MemoryApi):
     def __init__(self, outcomes: list[ApiError | None]) -> None:
         super().__init__()
         self.outcomes = outcomes
-        self.list_versions = 0
         self.watched_from: list[str] = []
         self.done = asyncio.Event()
-
-    async def list_version(self, node_name: str, driver: str) -> str:
-        self.list_versions += 1
-        return f"v{self.list_versions}"
 
     async def watch_slices(self, node_name: str, driver: str, resource_version: str) -> Any:
         self.watched_from.append(resource_version)
@@ -251,21 +249,46 @@ class WatchApi(MemoryApi):
         yield "BOOKMARK", {"metadata": {"resourceVersion": resource_version + "+"}}
 
 
+async def run_publisher_and_watch(api: WatchApi, pub: Publisher) -> None:
+    stop = asyncio.Event()
+    runner, watcher = asyncio.create_task(pub.run(stop)), asyncio.create_task(pub.watch(stop))
+    await asyncio.wait_for(api.done.wait(), 5)
+    stop.set()
+    await asyncio.wait_for(runner, 5)
+    watcher.cancel()  # as the service does: the open watch ends with the process
+    with contextlib.suppress(asyncio.CancelledError):
+        await watcher
+
+
 async def test_a_throttled_watch_resumes_from_its_version_without_a_relist() -> None:
     api = WatchApi(
         [None, ApiError(429, "Too many requests", retry_after=0.01), ApiError(0, "connection reset")]
     )
     pub = publisher(api)
     pub.set_devices(devs(1))
-    await pub.sync()
+    await run_publisher_and_watch(api, pub)
+    # The watch starts from the sync's list. The first watch ended after a bookmark (the
+    # server's timeout): resumed from it. The 429 resumed from the same version and kept
+    # the cache; a broken watch made the sync list again, and the watch starts from that list.
+    assert api.watched_from == ["v1", "v1+", "v1+", "v2"]
+    assert api.lists == 2 and pub.stats.lists == 2
+
+
+async def test_the_watch_makes_no_list_of_its_own() -> None:
+    # A thousand nodes starting at once: one list each (the sync's), the watch starts there.
+    api = WatchApi([])
+    pub = publisher(api)
+    pub.set_devices(devs(3))
+    await run_publisher_and_watch(api, pub)
+    assert api.lists == 1 and api.watched_from == ["v1"] and api.writes == 1
+
+
+async def test_the_watch_waits_for_something_to_publish_and_stops() -> None:
+    api = WatchApi([])
+    pub = publisher(api)
     stop = asyncio.Event()
     task = asyncio.create_task(pub.watch(stop))
-    await asyncio.wait_for(api.done.wait(), 5)
+    await asyncio.sleep(0.05)
+    assert api.watched_from == [] and api.lists == 0  # no devices yet: nothing to repair
     stop.set()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    # The first watch ended after a bookmark (the server's timeout): resumed from it. The
-    # 429 resumed from the same version, and kept the cache; a broken watch lists again.
-    assert api.watched_from == ["v1", "v1+", "v1+", "v2"]
-    assert api.list_versions == 2
+    await asyncio.wait_for(task, 1)

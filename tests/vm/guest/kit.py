@@ -334,8 +334,8 @@ class FakeSliceClient:
     async def node_uid(self, name: str) -> str:
         return f"uid-{name}"
 
-    async def list_slices(self, node_name: str, driver: str) -> list[dict[str, Any]]:
-        return [json.loads(json.dumps(o)) for o in self.slices.values()]
+    async def list_slices(self, node_name: str, driver: str) -> tuple[list[dict[str, Any]], str]:
+        return [json.loads(json.dumps(o)) for o in self.slices.values()], str(self.version)
 
     async def create_slice(self, obj: dict[str, Any]) -> dict[str, Any]:
         name = obj["metadata"]["generateName"] + uuid.uuid4().hex[:5]
