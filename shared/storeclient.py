@@ -152,11 +152,18 @@ class StoreClient:
     # --- calls ------------------------------------------------------------------------
 
     async def put_devices(
-        self, configs: Iterable[pb.DeviceConfig], kept: Iterable[pb.KeptDevice] = ()
+        self,
+        configs: Iterable[pb.DeviceConfig],
+        kept: Iterable[pb.KeptDevice] = (),
+        *,
+        expect_new: bool = False,
     ) -> list[int]:
         """Store configs (and kept devices) in one durable transaction; returns the
-        configs' revisions."""
-        resp = await self._call(put_devices=pb.PutDevicesRequest(configs=list(configs), kept=list(kept)))
+        configs' revisions. ``expect_new``: FAILED_PRECONDITION (nothing written) when a
+        config's device already holds a config, unless a provisional one of the same claim."""
+        resp = await self._call(
+            put_devices=pb.PutDevicesRequest(configs=list(configs), kept=list(kept), expect_new=expect_new)
+        )
         return list(resp.put_devices.revisions)
 
     async def get_device(self, pod_uid: str, device: str) -> pb.DeviceConfig | None:

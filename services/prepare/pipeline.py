@@ -84,6 +84,7 @@ class Timings:
     inventory: float = 0.0
     pipeline: float = 0.0
     store_write: float = 0.0
+    store_reads: int = 0  # devices whose stored config was read before planning
 
     def add(self, other: Timings) -> None:
         self.api_read += other.api_read
@@ -92,6 +93,7 @@ class Timings:
         self.inventory += other.inventory
         self.pipeline += other.pipeline
         self.store_write += other.store_write
+        self.store_reads += other.store_reads
 
 
 class ClaimError(Exception):
@@ -141,8 +143,17 @@ class Preparer:
 
     # --- prepare ------------------------------------------------------------------------
 
-    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimResult]:
-        """Prepare every claim; one result (devices or error) per claim UID."""
+    async def prepare(
+        self, claims: Sequence[ClaimRef], *, read_store: bool = False
+    ) -> dict[str, ClaimResult]:
+        """Prepare every claim; one result (devices or error) per claim UID.
+
+        A device that needs neither a profile nor a DHCP lease is planned without
+        reading the store: the common first prepare costs one store call, the write,
+        which refuses (``expect_new``) a device that already holds a config. Then the
+        whole call is planned again with ``read_store``, reading each device's stored
+        config first (a kubelet retry reuses what is there; another claim's device is
+        an error)."""
         self.last_timings = Timings()
         started = time.perf_counter()
         # Reading the claims and looking their devices up have no side effect: done while
@@ -157,7 +168,10 @@ class Preparer:
             return {c.uid: ClaimResult(error=f"claim {c}: {exc}") for c in claims}
         try:
             planned = await asyncio.gather(
-                *(self._plan_claim(c, f, node, gate) for c, f in zip(claims, fetches, strict=True))
+                *(
+                    self._plan_claim(c, f, node, gate, read_store)
+                    for c, f in zip(claims, fetches, strict=True)
+                )
             )
         except BaseException:
             gate.cancel()
@@ -188,8 +202,17 @@ class Preparer:
                 await self.store.put_devices(
                     [c for _, cfgs, _ in to_store for c in cfgs],
                     kept=[k for _, _, ks in to_store for k in ks],
+                    expect_new=True,
                 )
             except StoreCallError as exc:
+                if exc.code == "FAILED_PRECONDITION" and not read_store:
+                    # Nothing was written. Provisional records (profiles) of this call stay
+                    # and are resumed by the second pass.
+                    log.info(
+                        "a device of the call already holds a config; planning again from the store",
+                        extra=log_fields(claims=[str(c) for c in claims], reason=exc.message),
+                    )
+                    return await self.prepare(claims, read_store=True)
                 for claim, cfgs, _ in to_store:
                     await self._release_profiles(cfgs, delete=True)
                     results[claim.uid] = ClaimResult(
@@ -207,6 +230,7 @@ class Preparer:
                 "inventory_ms": round(t.inventory * 1000, 3),
                 "pipeline_ms": round(t.pipeline * 1000, 3),
                 "store_write_ms": round(t.store_write * 1000, 3),
+                "store_reads": t.store_reads,
                 "total_ms": round((time.perf_counter() - started) * 1000, 3),
             },
         )
@@ -263,6 +287,7 @@ class Preparer:
         fetch: asyncio.Future[tuple[dict[str, Any] | None, float, bool]],
         node: inv.NodeInfo,
         gate: asyncio.Future[str],
+        read_store: bool,
     ) -> tuple[list[st.DeviceConfig], list[st.KeptDevice], list[PreparedDevice], Timings] | ClaimError:
         timings = Timings()
         try:
@@ -292,7 +317,9 @@ class Preparer:
             errors: list[str] = []
             for result in ours:
                 try:
-                    cfg, keep = await self._prepare_device(ref, pod, result, entries, node, timings, gate)
+                    cfg, keep = await self._prepare_device(
+                        ref, pod, result, entries, node, timings, gate, read_store
+                    )
                 except GateClosed:
                     break  # prepare() answers every claim with the reason
                 except ClaimError as exc:
@@ -334,10 +361,15 @@ class Preparer:
         node: inv.NodeInfo,
         timings: Timings,
         gate: asyncio.Future[str],
+        read_store: bool,
     ) -> tuple[st.DeviceConfig, st.KeptDevice | None]:
         """The device's config, and (PersistentResourceSliceAttributes) the device as the
         inventory publishes it; no KeptDevice for a config already stored (its own was saved
-        with it). The decisions are shared/prepareplan.py's; this does their I/O."""
+        with it). The decisions are shared/prepareplan.py's; this does their I/O.
+
+        Without ``read_store`` a device whose plan has no side effect (no profile, no
+        lease) is planned from the inventory alone, and the store's write checks that
+        the device was free; anything else reads the stored config first."""
         allocated = Allocated.from_result(result)
         device, where = allocated.device, allocated.where
         try:
@@ -345,10 +377,26 @@ class Preparer:
         except PlanError as exc:
             raise ClaimError(str(exc)) from None
 
+        t0 = time.perf_counter()
+        lookup: asyncio.Future[inv.Device | None] = asyncio.ensure_future(
+            self._lookup(ref.uid, device, timings)
+        )
+        if not read_store:
+            known = await lookup
+            timings.inventory += time.perf_counter() - t0
+            t_pipe = time.perf_counter()
+            planned = self._plan_without_store(ref, pod, allocated, entries, known, node)
+            timings.pipeline += time.perf_counter() - t_pipe
+            if planned is not None:
+                return planned
+            # A profile, a lease, an error or a vanished device: decided with the store's record.
+            lookup = asyncio.get_running_loop().create_future()
+            lookup.set_result(known)
+            t0 = time.perf_counter()
+
         # Both lookups at once; the inventory's answer is unused when the device
         # is already prepared, which costs nothing but saves a round trip otherwise.
-        t0 = time.perf_counter()
-        lookup = asyncio.ensure_future(self._lookup(ref.uid, device, timings))
+        timings.store_reads += 1
         try:
             existing = await self.store.get_device(pod.uid, device)
         except BaseException:
@@ -418,6 +466,42 @@ class Preparer:
                         extra=log_fields(device=dev.name, claim_uid=ref.uid),
                     )
                 return step.config, step.kept
+
+    def _plan_without_store(
+        self,
+        ref: ClaimRef,
+        pod: st.PodRef,
+        allocated: Allocated,
+        entries: list[dict[str, Any]],
+        dev: inv.Device | None,
+        node: inv.NodeInfo,
+    ) -> tuple[st.DeviceConfig, st.KeptDevice | None] | None:
+        """The device's final config when planning it needs nothing but the inventory's
+        answer; None when it needs a profile or a lease, fails, or the device is gone
+        (the stored record decides those)."""
+        if dev is None:
+            return None
+        inputs = DeviceInputs(
+            claim=st.ClaimRef(uid=ref.uid, namespace=ref.namespace, name=ref.name),
+            pod=pod,
+            allocated=allocated,
+            entries=entries,
+            dev=dev,
+            node=node,
+            driver=self.driver,
+            node_name=self.node_name,
+        )
+        try:
+            step = plan_device(
+                inputs, profiled=None, lease=None, now_unix_nano=time.time_ns(), keep=self.keep_devices
+            )
+        except PlanError:
+            return None
+        if isinstance(step, (NeedsProfile, NeedsLease)):
+            return None
+        if self.keep_devices and step.kept is None:
+            return None  # the slow path says why, once
+        return step.config, step.kept
 
     async def _lookup(self, claim_uid: str, device: str, timings: Timings) -> inv.Device | None:
         """The inventory's answer for ``device``: read ahead with the claim, or asked now."""

@@ -59,6 +59,12 @@ class NotFound(StoreError):
     code = "NOT_FOUND"
 
 
+class Conflict(StoreError):
+    """The write expected a free key and found a record there; nothing was written."""
+
+    code = "FAILED_PRECONDITION"
+
+
 class WriteFailed(StoreError):
     """The disk write failed; nothing was changed."""
 
@@ -289,10 +295,17 @@ class StoreDB:
     # --- writes -----------------------------------------------------------------------
 
     def put_devices(
-        self, configs: Iterable[pb.DeviceConfig], kept: Iterable[pb.KeptDevice] = ()
+        self,
+        configs: Iterable[pb.DeviceConfig],
+        kept: Iterable[pb.KeptDevice] = (),
+        *,
+        expect_new: bool = False,
     ) -> tuple[list[int], list[Change]]:
         """DeviceConfigs and KeptDevices in one durable transaction; the revision of
-        each config, in order."""
+        each config, in order. With ``expect_new`` every config's key must be free or
+        hold a provisional config of the same claim (Conflict otherwise, nothing
+        written); writes are serialized, so nothing comes between the check and the
+        commit."""
         self._ready()
         items: list[tuple[tuple[str, str], pb.DeviceConfig]] = []
         for i, cfg in enumerate(configs):
@@ -314,6 +327,15 @@ class StoreDB:
             kept_items.append((_split_key(key), kd))
         if not items and not kept_items:
             return [], []
+        if expect_new:
+            with self._mu:
+                for k, cfg in items:
+                    cur = self._mem.devices.get(k)
+                    if cur is not None and (cur.claim.uid != cfg.claim.uid or not cur.provisional):
+                        raise Conflict(
+                            f"device {cfg.device} of pod {cfg.pod.namespace}/{cfg.pod.name} is already "
+                            f"prepared by claim {cur.claim.namespace}/{cur.claim.name} ({cur.claim.uid})"
+                        )
         revision = self.revision + 1
         stored: list[tuple[tuple[str, str], pb.DeviceConfig]] = []
         stored_kept: list[tuple[tuple[str, str], pb.KeptDevice]] = []

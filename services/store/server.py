@@ -231,7 +231,9 @@ class StoreService(store_pb2_grpc.PodConfigStoreServicer):
     # --- operations shared by unary calls and sessions ---------------------------------
 
     async def put_devices(self, req: pb.PutDevicesRequest) -> pb.PutDevicesResponse:
-        revisions = await self._write(lambda: self.db.put_devices(req.configs, req.kept))
+        revisions = await self._write(
+            lambda: self.db.put_devices(req.configs, req.kept, expect_new=req.expect_new)
+        )
         return pb.PutDevicesResponse(revisions=revisions)
 
     async def put_attach_result(self, req: pb.AttachResult) -> pb.PutResponse:

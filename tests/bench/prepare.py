@@ -219,6 +219,9 @@ def run(iterations: int, calls32: int, warmup: int) -> dict[str, Any]:
             "devices": sum(t.get("devices_read_ahead", 0) for row in one for t in row["timings"]),
             "calls": sum(len(row["timings"]) for row in one),
         },
+        # Devices whose stored config was read before planning (0 on a first prepare:
+        # the write checks the device is free, services/prepare/pipeline.py).
+        "store_reads": sum(t.get("store_reads", 0) for row in one for t in row["timings"]),
         "baseline_kubelet_prepare_resources_p50_ms": p50(kubelet_one),
         "baseline_kubelet_overhead_p50_ms": p50(overhead_one),
         "baseline_kubelet_prepare_resources32_p50_ms": p50(kubelet_many),

@@ -98,6 +98,39 @@ async def test_bad_input_names_the_field(tmp_path: Path) -> None:
             assert (await c.list()).devices == []
 
 
+async def test_expect_new_refuses_a_held_device_and_writes_nothing(tmp_path: Path) -> None:
+    with store_proc(tmp_path) as proc:
+        async with StoreClient(proc.socket, deadline_s=3) as c:
+            await c.put_devices([make_config("p1", "eth1", claim="c1")], expect_new=True)
+            held = await c.get_device("p1", "eth1")
+            assert held is not None
+            # Another claim, or the same claim again over a final record: refused, and the
+            # batch's free device (eth2) is not written either.
+            for claim in ("c2", "c1"):
+                with pytest.raises(StoreCallError) as err:
+                    await c.put_devices(
+                        [make_config("p1", "eth2", claim=claim), make_config("p1", "eth1", claim=claim)],
+                        expect_new=True,
+                    )
+                assert err.value.code == "FAILED_PRECONDITION"
+                assert err.value.message == (
+                    "device eth1 of pod default/pod-p1 is already prepared by claim default/c-c1 (c1)"
+                )
+            assert [d.device for d in (await c.list()).devices] == ["eth1"]
+            assert await c.get_device("p1", "eth1") == held
+            # A provisional record of the same claim is replaced (a resumed prepare).
+            prov = make_config("p1", "eth3", claim="c3")
+            prov.provisional = True
+            await c.put_devices([prov])
+            await c.put_devices([make_config("p1", "eth3", claim="c3")], expect_new=True)
+            got = await c.get_device("p1", "eth3")
+            assert got is not None and not got.provisional
+            # Without expect_new, a write replaces what is there (attach and tests rely on it).
+            await c.put_devices([make_config("p1", "eth1", claim="c9")])
+            got = await c.get_device("p1", "eth1")
+            assert got is not None and got.claim.uid == "c9"
+
+
 async def test_watch_initial_listing_then_changes(tmp_path: Path) -> None:
     with store_proc(tmp_path) as proc:
         async with StoreClient(proc.socket) as c:

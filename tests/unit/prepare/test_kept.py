@@ -14,6 +14,7 @@ import pytest
 from proto.dranet.inventory.v1 import inventory_pb2 as inv
 from proto.dranet.store.v1 import store_pb2 as st
 from services.prepare.pipeline import ClaimRef, Preparer
+from shared.storeclient import StoreCallError
 
 DRIVER, NODE = "dra.net", "node-a"
 ENTRY = {"name": "eth1", "attributes": {"dra.net/ifName": {"string": "eth1"}, "dra.net/mtu": {"int": 1500}}}
@@ -48,8 +49,17 @@ class FakeStore:
         return self.configs.get((pod_uid, device))
 
     async def put_devices(
-        self, configs: Sequence[st.DeviceConfig], kept: Sequence[st.KeptDevice] = ()
+        self,
+        configs: Sequence[st.DeviceConfig],
+        kept: Sequence[st.KeptDevice] = (),
+        *,
+        expect_new: bool = False,
     ) -> list[int]:
+        if expect_new:  # the store's rule (services/store/db.py put_devices)
+            for c in configs:
+                cur = self.configs.get((c.pod.uid, c.device))
+                if cur is not None and (cur.claim.uid != c.claim.uid or not cur.provisional):
+                    raise StoreCallError("FAILED_PRECONDITION", f"device {c.device} is already prepared")
         self.puts.append((list(configs), list(kept)))
         for c in configs:
             c.revision = len(self.puts)

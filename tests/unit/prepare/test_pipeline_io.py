@@ -18,6 +18,7 @@ from proto.dranet.store.v1 import store_pb2 as st
 from services.prepare.dhcp import DhcpError, DhcpLease
 from services.prepare.pipeline import ClaimRef, Preparer
 from shared.netconfig import RouteConfig
+from shared.storeclient import StoreCallError
 
 DRIVER, NODE = "dra.net", "node-a"
 REF = ClaimRef(namespace="default", name="c1", uid="uid-1")
@@ -69,13 +70,24 @@ class FakeStore:
     def __init__(self) -> None:
         self.configs: dict[tuple[str, str], st.DeviceConfig] = {}
         self.calls: list[tuple[str, ...]] = []
+        self.reads: list[str] = []
 
     async def get_device(self, pod_uid: str, device: str) -> st.DeviceConfig | None:
+        self.reads.append(device)
         return self.configs.get((pod_uid, device))
 
     async def put_devices(
-        self, configs: Sequence[st.DeviceConfig], kept: Sequence[st.KeptDevice] = ()
+        self,
+        configs: Sequence[st.DeviceConfig],
+        kept: Sequence[st.KeptDevice] = (),
+        *,
+        expect_new: bool = False,
     ) -> list[int]:
+        if expect_new:  # the store's rule (services/store/db.py put_devices)
+            for c in configs:
+                cur = self.configs.get((c.pod.uid, c.device))
+                if cur is not None and (cur.claim.uid != c.claim.uid or not cur.provisional):
+                    raise StoreCallError("FAILED_PRECONDITION", f"device {c.device} is already prepared")
         for c in configs:
             self.calls.append(("put", c.device, "provisional" if c.provisional else "final"))
             c.revision = len(self.calls)
@@ -259,3 +271,38 @@ async def test_an_open_gate_answered_late_still_prepares() -> None:
     assert inventory.looked_up_before_the_gate
     assert [c[0] for c in inventory.calls] == ["resolve"] and dhcp.asked == ["eth1"]
     assert store.calls[-1] == ("put", "eth1", "final")
+
+
+async def test_a_plain_device_is_planned_without_reading_the_store() -> None:
+    p, _, store, _ = preparer({"interface": {"mtu": 1400}})
+    assert (await p.prepare([REF]))[REF.uid].error == ""
+    # One store call: the write, which checks that the device was free.
+    assert store.calls == [("put", "eth1", "final")] and store.reads == []
+    assert p.last_timings.store_reads == 0
+
+
+async def test_a_retried_prepare_reuses_the_stored_config() -> None:
+    p, _, store, _ = preparer({"interface": {"mtu": 1400}})
+    assert (await p.prepare([REF]))[REF.uid].error == ""
+    first = store.configs[("pod-1", "eth1")]
+    # The kubelet asks again (its restart, a lost answer): the write refuses, nothing is
+    # written, and the second pass reads the record and reuses it.
+    res = (await p.prepare([REF]))[REF.uid]
+    assert res.error == "" and [d.device for d in res.devices] == ["eth1"]
+    assert store.calls == [("put", "eth1", "final")] and store.reads == ["eth1"]
+    assert p.last_timings.store_reads == 1
+    assert store.configs[("pod-1", "eth1")] is first
+
+
+async def test_a_device_another_claim_prepared_for_the_pod_is_an_error() -> None:
+    p, _, store, _ = preparer({"interface": {"mtu": 1400}})
+    store.configs[("pod-1", "eth1")] = st.DeviceConfig(
+        pod=st.PodRef(uid="pod-1", namespace="default", name="p"),
+        device="eth1",
+        claim=st.ClaimRef(uid="uid-other", namespace="default", name="other"),
+        revision=7,
+    )
+    res = (await p.prepare([REF]))[REF.uid]
+    assert res.error == f"{WHERE}: already prepared for pod default/p by claim default/other"
+    assert store.configs[("pod-1", "eth1")].claim.uid == "uid-other"
+    assert ("put", "eth1", "final") not in store.calls
