@@ -13,6 +13,11 @@ and ``"name" in attributes`` with literal names (dranet's default does), a resul
 depends on those attributes alone: the cache is keyed on them and evaluation
 sees only them, so 1,000 veths of one type cost one evaluation. Otherwise the
 key is every attribute. A big evaluation yields to the event loop as it goes.
+
+dranet's default expression, the one nearly every node runs, is decided without
+CEL: ``default_keep`` gives the same answer for every device (a test compares it
+with the CEL evaluation). cel-python and its parser cost the inventory about
+9 MiB, so they are loaded only for another expression.
 """
 
 from __future__ import annotations
@@ -21,17 +26,34 @@ import asyncio
 import logging
 import re
 from collections.abc import Iterable, Sequence
-
-from celpy import celtypes
+from typing import TYPE_CHECKING, Any
 
 from services.inventory.discovery import Device
-from shared import cel
-from shared.deviceattr import Attribute
+from shared.deviceattr import Attribute, AttrKind
+
+if TYPE_CHECKING:
+    from shared import cel
 
 log = logging.getLogger(__name__)
 
 # dranet's default: hide veth links (CNI plumbing).
 DEFAULT_FILTER = '!("dra.net/type" in attributes) || attributes["dra.net/type"].StringValue != "veth"'
+
+_WS = re.compile(r"\s+")
+
+
+def is_default(expression: str) -> bool:
+    """Whether ``expression`` is DEFAULT_FILTER, spaces aside."""
+    return _WS.sub("", expression) == _WS.sub("", DEFAULT_FILTER)
+
+
+def default_keep(attributes: dict[str, Attribute]) -> bool:
+    """DEFAULT_FILTER without CEL: hidden only when dra.net/type is the string "veth"
+    (any other kind has no StringValue, which CEL compares unequal or fails on; an
+    evaluation error publishes the device)."""
+    kind = attributes.get("dra.net/type")
+    return kind is None or kind.kind is not AttrKind.STRING or kind.value != "veth"
+
 
 _CacheKey = tuple[tuple[str, str, object], ...]
 _MAX_CACHE = 65536
@@ -65,12 +87,17 @@ class FilterError(ValueError):
 class DeviceFilter:
     """A compiled --filter with a per-attributes result cache."""
 
-    def __init__(self, expression: str) -> None:
+    def __init__(self, expression: str, *, native_default: bool = True) -> None:
         self.expression = expression
-        try:
-            self.program = cel.compile_filter(expression)
-        except cel.CelCompileError as exc:
-            raise FilterError(f"--filter: {exc}") from None
+        self.native = native_default and is_default(expression)
+        self.program: cel.CompiledExpression | None = None
+        if not self.native:
+            from shared import cel  # cel-python: only for an expression of the user's
+
+            try:
+                self.program = cel.compile_filter(expression)
+            except cel.CelCompileError as exc:
+                raise FilterError(f"--filter: {exc}") from None
         self._cache: dict[_CacheKey, bool] = {}
         self.reads = referenced_attributes(expression)
 
@@ -86,7 +113,22 @@ class DeviceFilter:
         hit = self._cache.get(key)
         if hit is not None:
             return hit
-        entry = {"name": device.name, "attributes": {k: a.to_json() for k, a in attrs.items()}}
+        keep = default_keep(attrs) if self.program is None else self._evaluate(device, attrs)
+        if len(self._cache) >= _MAX_CACHE:
+            self._cache.clear()
+        self._cache[key] = keep
+        return keep
+
+    def _evaluate(self, device: Device, attrs: dict[str, Attribute]) -> bool:
+        from celpy import celtypes
+
+        from shared import cel
+
+        assert self.program is not None
+        entry: dict[str, Any] = {
+            "name": device.name,
+            "attributes": {k: a.to_json() for k, a in attrs.items()},
+        }
         try:
             result = self.program.evaluate(cel.filter_variables(entry))
         except cel.CelEvalError as exc:
@@ -103,9 +145,6 @@ class DeviceFilter:
                     "filter result is not a bool; not publishing the device",
                     extra={"device": device.name, "result": repr(result)},
                 )
-        if len(self._cache) >= _MAX_CACHE:
-            self._cache.clear()
-        self._cache[key] = keep
         return keep
 
     async def apply(self, devices: Iterable[Device]) -> list[Device]:

@@ -70,7 +70,7 @@ class CountingFilter(DeviceFilter):
     """Counts real evaluations."""
 
     def __init__(self, expression: str) -> None:
-        super().__init__(expression)
+        super().__init__(expression, native_default=False)
         self.evaluations = 0
         real = self.program
 
@@ -125,3 +125,42 @@ async def test_no_filter_publishes_everything() -> None:
 
 def test_attribute_names_are_the_published_ones() -> None:
     assert A.TYPE == "dra.net/type" and A.RDMA == "dra.net/rdma"
+
+
+ODD_TYPES = [
+    device("t-int", **{"dra.net__type": Attribute.of_int(3)}),
+    device("t-empty", **{"dra.net__type": Attribute.of_string("")}),
+    device("t-VETH", **{"dra.net__type": Attribute.of_string("VETH")}),
+    device("t-veth-space", **{"dra.net__type": Attribute.of_string("veth ")}),
+    device("t-bool", **{"dra.net__type": Attribute.of_bool(False)}),
+    device("t-other-attr", **{"dra.net__kind": Attribute.of_string("veth")}),
+]
+
+
+async def test_the_default_is_decided_without_cel_and_agrees_with_it() -> None:
+    native = DeviceFilter(DEFAULT_FILTER)
+    spaced = DeviceFilter(DEFAULT_FILTER.replace(" ", "  ").replace("||", "\n||"))
+    with_cel = DeviceFilter(DEFAULT_FILTER, native_default=False)
+    assert native.native and spaced.native and not with_cel.native and with_cel.program is not None
+    devices = [VETH, NIC, BARE, *ODD_TYPES]
+    want = [d.name for d in await with_cel.apply(devices)]
+    assert want == [d.name for d in devices if d.name != "veth0"]
+    assert [d.name for d in await native.apply(devices)] == want
+    assert [d.name for d in await spaced.apply(devices)] == want
+
+
+def test_the_inventory_with_the_default_filter_does_not_load_cel() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from services.inventory.filter import DEFAULT_FILTER, DeviceFilter\n"
+        "import services.inventory.__main__\n"
+        "DeviceFilter(DEFAULT_FILTER)\n"
+        "print(sorted(m for m in ('celpy', 'lark', 'shared.cel') if m in sys.modules))\n"
+        "DeviceFilter('true')\n"
+        "print(sorted(m for m in ('celpy', 'lark', 'shared.cel') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == ["[]", "['celpy', 'lark', 'shared.cel']"]
