@@ -162,6 +162,51 @@ def footprint_kib(pids: Sequence[int]) -> tuple[int, int]:
     return pss, private + sum(shared.values())
 
 
+IDLE_GRPC_SERVER = """
+import asyncio, sys
+import grpc
+
+async def main():
+    server = grpc.aio.server()
+    server.add_insecure_port("unix:" + sys.argv[1])
+    await server.start()
+    print("ready", flush=True)
+    await server.wait_for_termination()
+
+asyncio.run(main())
+"""
+
+
+def grpc_floor(n: int = 4) -> dict[str, float]:
+    """The baseline for our RSS: ``n`` bare interpreters, each an idle grpc.aio server on a
+    Unix socket and nothing else (no code of ours, no other import): what four services
+    that speak gRPC cost before they do anything."""
+    procs = []
+    tmp = Path(f"/tmp/dnk-grpc-floor-{secrets.token_hex(3)}")
+    tmp.mkdir(parents=True)
+    try:
+        for i in range(n):
+            p = subprocess.Popen(
+                [sys.executable, "-c", IDLE_GRPC_SERVER, str(tmp / f"s{i}.sock")],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            procs.append(p)
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        time.sleep(1.0)
+        pids = [p.pid for p in procs]
+        _pss, group = footprint_kib(pids)
+        return {
+            "rss_mib": round(sum(status_kib(pid, "VmRSS") for pid in pids) / 1024, 1),
+            "footprint_mib": round(group / 1024, 1),
+        }
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def cpu_s(pid: int) -> float:
     """utime+stime (and the waited-for children's) of ``pid``, in seconds."""
     stat = Path(f"/proc/{pid}/stat").read_text()
@@ -726,6 +771,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ("cpu_churn50", "cpu_churn50_s"),
     ):
         out[f"{what}_ratio"] = ratio(out.get(f"ours_{key}", -1.0), out.get(f"dranet_{key}", -1.0))
+    # Our floor: four idle gRPC servers and nothing else, against dranet's one process.
+    floor = grpc_floor(len(ORDER))
+    out["baseline_grpc_servers_rss_mib"] = floor["rss_mib"]
+    out["baseline_grpc_servers_footprint_mib"] = floor["footprint_mib"]
+    out["rss_floor_ratio"] = ratio(floor["rss_mib"], out.get("dranet_rss_mib", -1.0))
     out["samples"] = {
         **{f"{k}_pods": len(r_.start) for k, r_ in res.items()},
         **{f"{k}_prepare_retries": r_.retries for k, r_ in res.items()},
