@@ -88,6 +88,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
         if args.no_claim_prefetch
         else ClaimPrefetch(kube, args.node_name, read_device=inventory.get_device, driver=args.driver_name)
     )
+    status = ClaimStatusWriter(store, kube, args.driver_name)
     preparer = Preparer(
         args.driver_name,
         args.node_name,
@@ -98,6 +99,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
         dhcp=DhcpClient(args.device_netns or None, args.dhcp_timeout),
         keep_devices=args.feature_gates.persistent_slice_attributes,
         prefetch=prefetch,
+        liveness=lambda: status.attach,
     )
     root = Path(args.kubelet_root_dir)
     dra_socket = root / "plugins" / args.driver_name / "dra.sock"
@@ -115,7 +117,6 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
 
     admin_servicer = AdminServicer("prepare", health)
     admin = UdsServer(service.socket_path(run_dir, "prepare")).add(admin_servicer.register)
-    status = ClaimStatusWriter(store, kube, args.driver_name)
     status_task = asyncio.create_task(status.run(stop))
     prefetch_task = asyncio.create_task(prefetch.run(stop)) if prefetch is not None else None
     await admin.start()

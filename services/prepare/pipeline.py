@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,6 +85,7 @@ class Timings:
     pipeline: float = 0.0
     store_write: float = 0.0
     store_reads: int = 0  # devices whose stored config was read before planning
+    gate_wait: float = 0.0  # waiting for the safety gate's answer once the claims were planned
 
     def add(self, other: Timings) -> None:
         self.api_read += other.api_read
@@ -118,6 +119,7 @@ class Preparer:
         dhcp: DhcpClient | None = None,
         keep_devices: bool = False,
         prefetch: ClaimPrefetch | None = None,
+        liveness: Callable[[], st.AttachLiveness | None] | None = None,
     ) -> None:
         self.driver = driver
         self.node_name = node_name
@@ -131,6 +133,9 @@ class Preparer:
         self.keep_devices = keep_devices
         # Claims read ahead from the node's Pod watch (services/prepare/prefetch.py).
         self.prefetch = prefetch
+        # The attach service's liveness as the store's watch keeps it (ClaimStatusWriter),
+        # or None when that view is not current: the gate asks the store then.
+        self.liveness = liveness
         self.last_timings = Timings()
         self._node_info: inv.NodeInfo | None = None
 
@@ -176,7 +181,9 @@ class Preparer:
         except BaseException:
             gate.cancel()
             raise
+        t_gate = time.perf_counter()
         closed = await gate
+        self.last_timings.gate_wait = time.perf_counter() - t_gate
         if closed:
             return {c.uid: ClaimResult(error=f"claim {c}: {closed}") for c in claims}
         results: dict[str, ClaimResult] = {}
@@ -231,6 +238,7 @@ class Preparer:
                 "pipeline_ms": round(t.pipeline * 1000, 3),
                 "store_write_ms": round(t.store_write * 1000, 3),
                 "store_reads": t.store_reads,
+                "gate_wait_ms": round(t.gate_wait * 1000, 3),
                 "total_ms": round((time.perf_counter() - started) * 1000, 3),
             },
         )
@@ -257,10 +265,12 @@ class Preparer:
         """Why no claim may be prepared now, or "" (seed: no Pod starts without its devices)."""
         if not self.require_attach:
             return ""
-        try:
-            live = await self.store.get_liveness()
-        except StoreCallError as exc:
-            return f"the store is not reachable, retry later: {exc}"
+        live = self.liveness() if self.liveness is not None else None
+        if live is None:
+            try:
+                live = await self.store.get_liveness()
+            except StoreCallError as exc:
+                return f"the store is not reachable, retry later: {exc}"
         if not live.connected:
             return (
                 "the attach service is not connected to the container runtime (NRI); "

@@ -69,6 +69,10 @@ class ClaimStatusWriter:
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
         self.applied = 0
+        # The attach service's liveness as the store's watch last told it: the safety gate
+        # reads it here instead of asking the store on each prepare. None until the watch
+        # has synced and whenever it is down; the gate then asks the store.
+        self.attach: st.AttachLiveness | None = None
 
     def _on_result(self, result: st.AttachResult, deleted: bool) -> None:
         uid = result.claim.uid
@@ -88,14 +92,30 @@ class ClaimStatusWriter:
         try:
             while not stop.is_set():
                 try:
-                    async for ev in self.store.watch(initial=True):
-                        if ev.WhichOneof("record") == "result":
-                            self._on_result(ev.result, ev.type == st.WatchEvent.DELETE)
+                    await self._watch()
                 except StoreCallError as exc:
                     log.warning("store watch ended; watching again", extra={"error": str(exc)})
                 await asyncio.sleep(0.5)
         finally:
             writer.cancel()
+
+    async def _watch(self) -> None:
+        synced = False
+        seen: st.AttachLiveness | None = None
+        try:
+            async for ev in self.store.watch(initial=True):
+                record = ev.WhichOneof("record")
+                if record == "result":
+                    self._on_result(ev.result, ev.type == st.WatchEvent.DELETE)
+                elif record == "liveness":
+                    seen = ev.liveness
+                    if synced:
+                        self.attach = seen
+                elif ev.type == st.WatchEvent.SYNCED:
+                    synced = True
+                    self.attach = seen
+        finally:
+            self.attach = None
 
     async def _writer(self, stop: asyncio.Event) -> None:
         backoff = 0.2

@@ -306,3 +306,49 @@ async def test_a_device_another_claim_prepared_for_the_pod_is_an_error() -> None
     assert res.error == f"{WHERE}: already prepared for pod default/p by claim default/other"
     assert store.configs[("pod-1", "eth1")].claim.uid == "uid-other"
     assert ("put", "eth1", "final") not in store.calls
+
+
+@pytest.mark.parametrize(
+    ("watched", "error", "asked_store"),
+    [
+        pytest.param(st.AttachLiveness(connected=True), "", False, id="watched-connected"),
+        pytest.param(
+            st.AttachLiveness(connected=True, draining=True),
+            "claim default/c1: the attach service is stopping (graceful stop); retry later",
+            False,
+            id="watched-draining",
+        ),
+        pytest.param(
+            st.AttachLiveness(connected=False),
+            "claim default/c1: the attach service is not connected to the container runtime (NRI); "
+            "a Pod started now would miss its devices, retry later",
+            False,
+            id="watched-disconnected",
+        ),
+        # No current view (the store's watch is down or not synced yet): the store is asked,
+        # and says disconnected.
+        pytest.param(
+            None,
+            "claim default/c1: the attach service is not connected to the container runtime (NRI); "
+            "a Pod started now would miss its devices, retry later",
+            True,
+            id="no-view-asks-the-store",
+        ),
+    ],
+)
+async def test_the_gate_reads_the_watched_liveness(
+    watched: st.AttachLiveness | None, error: str, asked_store: bool
+) -> None:
+    store = GatedStore(connected=False, delay=0.0)
+    p = Preparer(
+        DRIVER,
+        NODE,
+        FakeKube({"interface": {"mtu": 1400}}),  # type: ignore[arg-type]
+        FakeInventory(""),  # type: ignore[arg-type]
+        store,  # type: ignore[arg-type]
+        require_attach=True,
+        liveness=lambda: watched,
+    )
+    assert (await p.prepare([REF]))[REF.uid].error == error
+    assert store.answered is asked_store
+    assert store.calls == ([("put", "eth1", "final")] if not error else [])
