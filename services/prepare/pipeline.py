@@ -86,6 +86,7 @@ class Timings:
     store_write: float = 0.0
     store_reads: int = 0  # devices whose stored config was read before planning
     gate_wait: float = 0.0  # waiting for the safety gate's answer once the claims were planned
+    plan_wall: float = 0.0  # wall time from the call's start until every claim was planned
 
     def add(self, other: Timings) -> None:
         self.api_read += other.api_read
@@ -166,6 +167,7 @@ class Preparer:
         # (a profile, a DHCP lease); nothing is stored unless it passed.
         gate = asyncio.ensure_future(self._safety_gate())
         fetches = [asyncio.ensure_future(self._fetch_claim(c)) for c in claims]
+        t_start = time.perf_counter()
         try:
             node = await self.node_info()
         except InventoryError as exc:
@@ -182,6 +184,7 @@ class Preparer:
             gate.cancel()
             raise
         t_gate = time.perf_counter()
+        self.last_timings.plan_wall = t_gate - t_start
         closed = await gate
         self.last_timings.gate_wait = time.perf_counter() - t_gate
         if closed:
@@ -239,6 +242,7 @@ class Preparer:
                 "store_write_ms": round(t.store_write * 1000, 3),
                 "store_reads": t.store_reads,
                 "gate_wait_ms": round(t.gate_wait * 1000, 3),
+                "plan_wall_ms": round(t.plan_wall * 1000, 3),
                 "total_ms": round((time.perf_counter() - started) * 1000, 3),
             },
         )

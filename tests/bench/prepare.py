@@ -64,7 +64,7 @@ PREPARE = HistogramDelta(GRPC, {"driver_name": DRIVER, "method_name": "NodePrepa
 UNPREPARE = HistogramDelta(GRPC, {"driver_name": DRIVER, "method_name": "NodeUnprepareResources"})
 # The kubelet labels a success is_error="true" (strconv.FormatBool(err == nil)): count both.
 KUBELET_PREPARE = HistogramDelta(MANAGER, {"operation_name": "PrepareResources"})
-SPLIT_KEYS = ("api_read", "pipeline", "inventory", "store_write", "gate_wait", "total")
+SPLIT_KEYS = ("api_read", "pipeline", "inventory", "store_write", "gate_wait", "plan_wall", "total")
 
 
 def config(ifname: str) -> dict[str, Any]:
