@@ -729,7 +729,8 @@ class KubeCluster:
                 "--allow-privileged=true",
                 "--enable-admission-plugins=NamespaceLifecycle,LimitRanger,ServiceAccount,"
                 "DefaultStorageClass,ResourceQuota,NodeRestriction",
-                "--profiling=false",
+                # /debug/pprof for a profiling run (tests/bench/scale.py); off otherwise.
+                f"--profiling={'true' if os.environ.get('DRANET_DEV_APISERVER_PROFILING') else 'false'}",
                 *self._gate_flags(),
                 "--v=1",
             ],
