@@ -436,16 +436,7 @@ class Preparer:
             raise ClaimError(f"{where}: no such device on node {self.node_name} (it vanished or was renamed)")
 
         t_pipe = time.perf_counter()
-        inputs = DeviceInputs(
-            claim=st.ClaimRef(uid=ref.uid, namespace=ref.namespace, name=ref.name),
-            pod=pod,
-            allocated=allocated,
-            entries=entries,
-            dev=dev,
-            node=node,
-            driver=self.driver,
-            node_name=self.node_name,
-        )
+        inputs = self._inputs(ref, pod, allocated, entries, dev, node)
         profile_owned: st.DeviceConfig | None = existing
         profiled: NetworkConfig | None = None
         if existing is not None:
@@ -481,6 +472,27 @@ class Preparer:
                     )
                 return step.config, step.kept
 
+    def _inputs(
+        self,
+        ref: ClaimRef,
+        pod: st.PodRef,
+        allocated: Allocated,
+        entries: list[dict[str, Any]],
+        dev: inv.Device,
+        node: inv.NodeInfo,
+    ) -> DeviceInputs:
+        """What shared/prepareplan.py decides one device from."""
+        return DeviceInputs(
+            claim=st.ClaimRef(uid=ref.uid, namespace=ref.namespace, name=ref.name),
+            pod=pod,
+            allocated=allocated,
+            entries=entries,
+            dev=dev,
+            node=node,
+            driver=self.driver,
+            node_name=self.node_name,
+        )
+
     def _plan_without_store(
         self,
         ref: ClaimRef,
@@ -495,16 +507,7 @@ class Preparer:
         (the stored record decides those)."""
         if dev is None:
             return None
-        inputs = DeviceInputs(
-            claim=st.ClaimRef(uid=ref.uid, namespace=ref.namespace, name=ref.name),
-            pod=pod,
-            allocated=allocated,
-            entries=entries,
-            dev=dev,
-            node=node,
-            driver=self.driver,
-            node_name=self.node_name,
-        )
+        inputs = self._inputs(ref, pod, allocated, entries, dev, node)
         try:
             step = plan_device(
                 inputs, profiled=None, lease=None, now_unix_nano=time.time_ns(), keep=self.keep_devices
