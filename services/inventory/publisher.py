@@ -13,13 +13,8 @@ A 429 is the exception. API Priority and Fairness sends it when the server is
 busy (a thousand drivers starting at once), and it refuses the request before
 acting on it: what the cache says is still true, and dropping it would add a list
 to every retry, feeding the overload. The publisher keeps its cache (and the watch
-its resourceVersion) and waits the server's Retry-After, plus up to half of it
-again at random (nodes refused together do not come back together), before it tries
-again. Like client-go, which retries a 429 at its Retry-After up to ten times, the
-first THROTTLED_RETRIES 429s in a row do not grow the backoff: doubling it on each
-one left nodes idle for seconds after the server had room again (the first publish of
-1,000 nodes took longest for the nodes refused most). After those, the backoff grows
-as for any error.
+its resourceVersion) and waits at least the server's Retry-After before it tries
+again.
 
 On shutdown the slices are left in place, as dranet does: the kubelet deletes a
 driver's slices when the plugin stays unregistered, and a restarted inventory
@@ -42,21 +37,6 @@ from services.inventory.pooling import Json, PublishedSlice
 from shared import kubeapi
 
 log = logging.getLogger(__name__)
-
-# 429s in a row retried at the server's Retry-After before the backoff grows.
-THROTTLED_RETRIES = 5
-
-
-def throttled_delay(retry_after: float, streak: int, backoff: float) -> float:
-    """The wait after the ``streak``-th 429 in a row: the Retry-After (at least
-    ``backoff`` when the server sent none) with up to half again of jitter, and no less
-    than the jittered ``backoff`` once the streak passes THROTTLED_RETRIES."""
-    wait = max(retry_after, 0.0) or backoff
-    wait *= 1 + random.random() / 2
-    if streak > THROTTLED_RETRIES:
-        wait = max(wait, backoff * (0.5 + random.random() / 2))
-    return wait
-
 
 DRIVER = "dra.net"
 API_VERSION = "resource.k8s.io/v1"
@@ -219,7 +199,6 @@ class Publisher:
     async def run(self, stop: asyncio.Event) -> None:
         """Sync whenever the devices change, retrying with backoff, until ``stop``."""
         backoff = self.backoff_initial
-        throttled = 0  # 429s in a row
         stopper = asyncio.ensure_future(stop.wait())
         try:
             while not stop.is_set():
@@ -238,26 +217,21 @@ class Publisher:
                     self.stats.errors += 1
                     if exc.status == 429:
                         self.stats.throttled += 1  # refused unread: the cache still holds
-                        throttled += 1
-                        delay = throttled_delay(exc.retry_after, throttled, backoff)
                     else:
                         self._cache = None
-                        throttled = 0
-                        delay = backoff * (0.5 + random.random() / 2)
                     self.last_error = str(exc)
+                    delay = max(exc.retry_after, backoff * (0.5 + random.random() / 2))
                     log.warning(
                         "publishing ResourceSlices failed; retrying in %.1fs: %s",
                         delay,
                         exc,
                         extra={"node": self.node_name, "status": exc.status},
                     )
-                    if not throttled or throttled > THROTTLED_RETRIES:
-                        backoff = min(backoff * 2, self.backoff_max)
+                    backoff = min(backoff * 2, self.backoff_max)
                     await asyncio.wait({stopper}, timeout=delay)
                     self._wake.set()
                     continue
                 backoff = self.backoff_initial
-                throttled = 0
                 self.last_error = ""
                 metrics.published()
                 async with self._synced:
@@ -297,7 +271,6 @@ class Publisher:
 
     async def _watch(self, stop: asyncio.Event, stopper: asyncio.Future[Any]) -> None:
         backoff = self.backoff_initial
-        throttled = 0  # 429s in a row
         version = ""
         while not stop.is_set():
             try:
@@ -311,7 +284,6 @@ class Publisher:
                 # A watch the server ends (timeout) resumes from the last version seen.
                 async for kind, obj in self.client.watch_slices(self.node_name, self.driver, version):
                     backoff = self.backoff_initial
-                    throttled = 0
                     version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
                     if self._desired is not None and self._external(kind, obj):
                         log.info(
@@ -327,18 +299,16 @@ class Publisher:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the API server went away, or the version expired (410)
+                at_least = 0.0
                 if isinstance(exc, ApiError) and exc.status == 429:
                     # Refused before it started: nothing was missed since ``version``, so
                     # the same watch (or list) again, later.
-                    throttled += 1
-                    delay = throttled_delay(exc.retry_after, throttled, backoff)
+                    at_least = exc.retry_after
                     log.debug(
                         "slice watch throttled; trying again",
                         extra={"node": self.node_name, "error": str(exc)},
                     )
                 else:
-                    throttled = 0
-                    delay = backoff * (0.5 + random.random() / 2)
                     log.debug(
                         "slice watch ended; listing again", extra={"node": self.node_name, "error": str(exc)}
                     )
@@ -349,11 +319,10 @@ class Publisher:
                     self._cache = None
                     self._wake.set()
                 try:
-                    await asyncio.wait_for(stop.wait(), delay)
+                    await asyncio.wait_for(stop.wait(), max(at_least, backoff * (0.5 + random.random() / 2)))
                 except TimeoutError:
                     pass
-                if not throttled or throttled > THROTTLED_RETRIES:
-                    backoff = min(backoff * 2, self.backoff_max)
+                backoff = min(backoff * 2, self.backoff_max)
 
     async def sync(self) -> pooling.Plan:
         """One reconciliation against the API server; raises ApiError."""

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from services.inventory.pooling import Json
-from services.inventory.publisher import THROTTLED_RETRIES, ApiError, Publisher, SliceList, throttled_delay
+from services.inventory.publisher import ApiError, Publisher, SliceList
 
 
 class MemoryApi:
@@ -227,46 +227,6 @@ async def test_a_429_keeps_the_cache_and_waits_the_retry_after() -> None:
     assert waited >= 0.6  # two Retry-Afters of 0.3 s, though the backoff is at most 0.05 s
     (obj,) = api.objects.values()
     assert [d["attributes"]["dra.net/mtu"]["int"] for d in obj["spec"]["devices"]] == [9000] * 10
-
-
-def test_throttled_delay_is_the_retry_after_with_jitter_then_the_backoff() -> None:
-    for _ in range(200):
-        for streak in range(1, THROTTLED_RETRIES + 1):
-            assert 1.0 <= throttled_delay(1.0, streak, backoff=30.0) <= 1.5
-        assert 0.5 <= throttled_delay(0.0, 1, backoff=0.5) <= 0.75  # no Retry-After: the backoff
-        assert 15.0 <= throttled_delay(1.0, THROTTLED_RETRIES + 1, backoff=30.0) <= 30.0
-    # The jitter spreads nodes refused together.
-    assert len({throttled_delay(1.0, 1, backoff=1.0) for _ in range(20)}) > 10
-
-
-async def test_429s_in_a_row_wait_the_retry_after_not_a_growing_backoff() -> None:
-    """A thousand nodes starting at once: a node refused five times comes back after
-    each Retry-After, not after a backoff doubled on each refusal (which left it idle
-    for seconds after the server had room). More 429s than that grow the backoff."""
-    api = MemoryApi()
-    pub = Publisher(api, "node-a", backoff_initial=0.2, backoff_max=10.0)  # type: ignore[arg-type]
-    pub.set_devices(devs(4))
-    api.fail_next = [ApiError(429, "Too many requests", retry_after=0.01)] * THROTTLED_RETRIES
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    task = asyncio.create_task(pub.run(stop))
-    assert await pub.wait_synced(within=5)
-    quick = loop.time() - started
-    # The old rule waited max(Retry-After, backoff): at least 0.1 + 0.2 + 0.4 + 0.8 + 1.6 s.
-    assert quick < 0.5
-    assert pub.stats.throttled == THROTTLED_RETRIES and api.devices() == [d["name"] for d in devs(4)]
-
-    api.fail_next = [ApiError(429, "Too many requests", retry_after=0.01)] * (THROTTLED_RETRIES + 2)
-    pub.set_devices(devs(5))
-    started = loop.time()
-    assert await pub.wait_synced(within=10)
-    slow = loop.time() - started
-    stop.set()
-    await task
-    # The sixth and seventh in a row wait the backoff: at least half of 0.2 s and of 0.4 s.
-    assert slow >= 0.3
-    assert pub.stats.throttled == 2 * THROTTLED_RETRIES + 2
 
 
 class WatchApi(MemoryApi):
