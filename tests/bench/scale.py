@@ -24,8 +24,8 @@ resourceslices; a WATCH is counted when it ends) and /proc:
 - the scheduler: ``--claims`` ResourceClaims, each one device by a CEL selector on dra.net
   attributes pinned to one node (claims spread over the nodes), each used by a Pod; time
   from the claim's create to ``status.allocation`` seen on a watch, p50 and p99 (claims
-  created at ``--claim-rate`` per second, or with ``--claim-concurrency K`` each once fewer
-  than K wait for theirs; the Pods stay Pending on their node: no kubelet).
+  created each once fewer than ``--claim-concurrency`` (default 1) wait for theirs, or with
+  ``--claim-concurrency 0`` at ``--claim-rate`` per second; the Pods stay Pending on their node: no kubelet).
 
 Then the fitted log-log exponent of each figure against N. One JSON line per N on stderr,
 the last stdout line the JSON of the largest N with the exponents.
@@ -701,16 +701,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--claim-rate",
         type=float,
         default=2.0,
-        help="claims (and Pods) created per second; 0: at once. At 10/s the kube-scheduler fell "
+        help="with --claim-concurrency 0, claims (and Pods) created per second; 0: at once. At 10/s the kube-scheduler fell "
         "behind at 1,000 nodes x 16 devices (3.2 claims/s allocated) and the latency was its queue; "
         "at 2/s it keeps up here, using about 1.6 of the 2 cores (0.8 CPU s per claim)",
     )
     p.add_argument(
         "--claim-concurrency",
         type=int,
-        default=0,
-        help="closed loop instead of --claim-rate: the next claim is created once fewer than this "
-        "many wait for their allocation, so the latency is the scheduler's per claim, not its queue",
+        default=1,
+        help="a closed loop: the next claim is created once fewer than this many wait for their "
+        "allocation, so the latency is the scheduler's per claim, not a queue of the bench's making "
+        "(at 1,000 nodes: p50 446 ms, p99 825 ms, exponents 0.91 and 0.96); 0: open loop at --claim-rate",
     )
     p.add_argument("--procs", type=int, default=4, help="publisher worker processes")
     p.add_argument("--worker", help=argparse.SUPPRESS)
