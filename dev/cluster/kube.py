@@ -413,11 +413,10 @@ class NodeNet:
         """A veth in the node namespace standing in for a NIC; its peer stays on the host under a
         generated name (returned), with ``peer_addresses``."""
         peer = f"dp{secrets.token_hex(3)}"
-        sh("ip", "link", "add", peer, "type", "veth", "peer", "name", name, "netns", self.netns)
-        if mac:
-            sh("ip", "-n", self.netns, "link", "set", name, "address", mac)
-        if mtu:
-            sh("ip", "-n", self.netns, "link", "set", name, "mtu", str(mtu))
+        # The MAC and MTU are set as the link is made: set afterwards, a scan in between sees the
+        # NIC with a random MAC (no cloud attributes match it) and publishes that first.
+        opts = [*(["address", mac] if mac else []), *(["mtu", str(mtu)] if mtu else [])]
+        sh("ip", "link", "add", peer, "type", "veth", "peer", "name", name, *opts, "netns", self.netns)
         for a in addresses:
             sh("ip", "-n", self.netns, "addr", "add", a, "dev", name)
         for a in peer_addresses:
