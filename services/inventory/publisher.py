@@ -16,6 +16,12 @@ to every retry, feeding the overload. The publisher keeps its cache (and the wat
 its resourceVersion) and waits at least the server's Retry-After before it tries
 again.
 
+The watch tells the publisher's own writes from someone else's by resourceVersion. An
+event that arrives before its write's answer (a busy server, or a busy event loop, sends
+the two in either order) is held until the sync ends and judged then; the versions of
+the last writes are kept too, so the event of the first of two quick writes, seen after
+the second, is still known as ours. Before this, each of those cost a re-list.
+
 On shutdown the slices are left in place, as dranet does: the kubelet deletes a
 driver's slices when the plugin stays unregistered, and a restarted inventory
 takes its slices over without churn.
@@ -24,6 +30,7 @@ takes its slices over without churn.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import random
 import ssl
@@ -37,6 +44,9 @@ from services.inventory.pooling import Json, PublishedSlice
 from shared import kubeapi
 
 log = logging.getLogger(__name__)
+
+# How many of the publisher's latest writes it remembers, to know their watch events as its own.
+OWN_WRITES_KEPT = 64
 
 DRIVER = "dra.net"
 API_VERSION = "resource.k8s.io/v1"
@@ -163,6 +173,11 @@ class Publisher:
         self._listed = asyncio.Event()
         self._wake = asyncio.Event()
         self._synced = asyncio.Condition()
+        # Own writes: (name, resourceVersion) of the last ones, and the watch events held
+        # while a sync is writing (kind, name, resourceVersion), judged when it ends.
+        self._own: collections.deque[tuple[str, str]] = collections.deque(maxlen=OWN_WRITES_KEPT)
+        self._syncing = False
+        self._held: list[tuple[str, str, str]] = []
         self.last_error = ""
 
     # --- input -----------------------------------------------------------------------------------
@@ -240,29 +255,59 @@ class Publisher:
         finally:
             stopper.cancel()
 
-    def _external(self, kind: str, obj: Json) -> bool:
+    def _external(self, kind: str, name: str, version: str) -> bool:
         """Whether a watch event is a change this publisher did not make."""
         if kind == "BOOKMARK":
             return False
         cache = self._cache
         if cache is None:
             return True
-        meta = obj.get("metadata") or {}
-        name = str(meta.get("name", ""))
         known = cache.get(name)
         if kind == "DELETED":
             return known is not None
-        return known is None or known.resource_version != str(meta.get("resourceVersion", ""))
+        if (name, version) in self._own:
+            return False
+        return known is None or known.resource_version != version
+
+    def _on_event(self, kind: str, obj: Json) -> None:
+        """A watch event: held while a sync writes, else judged now."""
+        if self._desired is None or kind == "BOOKMARK":
+            return
+        meta = obj.get("metadata") or {}
+        event = (kind, str(meta.get("name", "")), str(meta.get("resourceVersion", "")))
+        if self._syncing:
+            self._held.append(event)
+        else:
+            self._judge([event])
+
+    def _judge(self, events: list[tuple[str, str, str]]) -> None:
+        """Drop the cache and wake a sync if any of ``events`` is someone else's change. With
+        no cache a sync that lists is already due (after an error, once its backoff ends)."""
+        if self._cache is None:
+            return
+        for kind, name, version in events:
+            if self._external(kind, name, version):
+                log.info(
+                    "ResourceSlice changed by someone else; re-syncing",
+                    extra={"node": self.node_name, "event": kind, "slice": name},
+                )
+                self._cache = None
+                self._wake.set()
+                return
 
     async def watch(self, stop: asyncio.Event) -> None:
         """Watch the node's slices. A change made by someone else (a kubelet wiping
         the node's slices at its start, an edit, a delete) drops the cache and wakes
-        a sync at once, instead of waiting for the next resync. One of our own
-        writes seen before its answer only costs a re-list with nothing to write.
+        a sync at once, instead of waiting for the next resync. Our own writes are known
+        by their resourceVersions (see the module's docstring).
 
         The watch starts from the version of the list the sync's cache came from, so a
-        thousand nodes starting at once make one list each, not two. Until a sync has
-        listed (nothing to publish yet) there is nothing the watch could repair."""
+        thousand nodes starting at once make one list each, not two, and it misses nothing
+        written since. It starts once that sync has written the node's slices: when a
+        thousand nodes start at once, their watches would otherwise queue in the API
+        server's priority level with the creates and delay the first publish (the watch
+        then replays our own creates, known as ours). Until a sync has listed (nothing
+        to publish yet) there is nothing the watch could repair."""
         stopper = asyncio.ensure_future(stop.wait())
         try:
             await self._watch(stop, stopper)
@@ -285,17 +330,7 @@ class Publisher:
                 async for kind, obj in self.client.watch_slices(self.node_name, self.driver, version):
                     backoff = self.backoff_initial
                     version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-                    if self._desired is not None and self._external(kind, obj):
-                        log.info(
-                            "ResourceSlice changed by someone else; re-syncing",
-                            extra={
-                                "node": self.node_name,
-                                "event": kind,
-                                "slice": (obj.get("metadata") or {}).get("name"),
-                            },
-                        )
-                        self._cache = None
-                        self._wake.set()
+                    self._on_event(kind, obj)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the API server went away, or the version expired (410)
@@ -325,7 +360,20 @@ class Publisher:
                 backoff = min(backoff * 2, self.backoff_max)
 
     async def sync(self) -> pooling.Plan:
-        """One reconciliation against the API server; raises ApiError."""
+        """One reconciliation against the API server; raises ApiError. The watch events that
+        came in meanwhile are judged after it, against what it wrote."""
+        self._syncing = True
+        try:
+            p = await self._sync()
+            if self._listed_version:
+                self._listed.set()  # the watch may start (see watch())
+            return p
+        finally:
+            self._syncing = False
+            held, self._held = self._held, []
+            self._judge(held)
+
+    async def _sync(self) -> pooling.Plan:
         self.stats.syncs += 1
         desired = list(self._desired or [])
         if not self._owner_uid:
@@ -347,7 +395,6 @@ class Publisher:
             self._cache_time = time.monotonic()
             if listed_version:
                 self._listed_version = listed_version
-                self._listed.set()
         cache = self._cache
         p = pooling.plan(self.pool_name, self.node_name, desired, list(cache.values()), self.max_per_slice)
         if p.empty:
@@ -371,11 +418,13 @@ class Publisher:
             self.stats.updates += 1
             s = PublishedSlice.from_object(saved)
             cache[s.name] = s
+            self._own.append((s.name, s.resource_version))
         for devices in p.creates:
             saved = await self.client.create_slice(self._new_slice(p, devices))
             self.stats.creates += 1
             s = PublishedSlice.from_object(saved)
             cache[s.name] = s
+            self._own.append((s.name, s.resource_version))
         for old in p.deletes:
             await self.client.delete_slice(old.name, old.uid, old.resource_version)
             self.stats.deletes += 1

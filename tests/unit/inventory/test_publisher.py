@@ -236,10 +236,12 @@ class WatchApi(MemoryApi):
         super().__init__()
         self.outcomes = outcomes
         self.watched_from: list[str] = []
+        self.writes_when_watched: list[int] = []
         self.done = asyncio.Event()
 
     async def watch_slices(self, node_name: str, driver: str, resource_version: str) -> Any:
         self.watched_from.append(resource_version)
+        self.writes_when_watched.append(self.writes)
         if not self.outcomes:
             self.done.set()
             await asyncio.Event().wait()
@@ -275,12 +277,14 @@ async def test_a_throttled_watch_resumes_from_its_version_without_a_relist() -> 
 
 
 async def test_the_watch_makes_no_list_of_its_own() -> None:
-    # A thousand nodes starting at once: one list each (the sync's), the watch starts there.
+    # A thousand nodes starting at once: one list each (the sync's), the watch starts there,
+    # once the slices are written (not queued in the API server beside the creates).
     api = WatchApi([])
     pub = publisher(api)
     pub.set_devices(devs(3))
     await run_publisher_and_watch(api, pub)
     assert api.lists == 1 and api.watched_from == ["v1"] and api.writes == 1
+    assert api.writes_when_watched == [1]
 
 
 async def test_the_watch_waits_for_something_to_publish_and_stops() -> None:
@@ -292,3 +296,66 @@ async def test_the_watch_waits_for_something_to_publish_and_stops() -> None:
     assert api.watched_from == [] and api.lists == 0  # no devices yet: nothing to repair
     stop.set()
     await asyncio.wait_for(task, 1)
+
+
+class EchoApi(MemoryApi):
+    """A watch that sends each write's event before the write's answer, as a busy server (or
+    a busy event loop) may; ``edit`` is a write by someone else."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: asyncio.Queue[tuple[str, Json]] = asyncio.Queue()
+
+    async def watch_slices(self, node_name: str, driver: str, resource_version: str) -> Any:
+        while True:
+            yield await self.events.get()
+
+    async def _echo(self, kind: str, obj: Json) -> None:
+        self.events.put_nowait((kind, copy.deepcopy(obj)))
+        await asyncio.sleep(0.02)  # the answer comes after the event has been read
+
+    async def create_slice(self, obj: Json) -> Json:
+        saved = await super().create_slice(obj)
+        await self._echo("ADDED", saved)
+        return saved
+
+    async def replace_slice(self, name: str, obj: Json) -> Json:
+        saved = await super().replace_slice(name, obj)
+        await self._echo("MODIFIED", saved)
+        return saved
+
+    def edit(self) -> None:
+        (obj,) = self.objects.values()
+        obj["spec"]["devices"] = []
+        obj["metadata"]["resourceVersion"] = str(next(self.rv))
+        self.events.put_nowait(("MODIFIED", copy.deepcopy(obj)))
+
+
+async def test_own_writes_seen_before_their_answer_cost_no_relist() -> None:
+    api = EchoApi()
+    pub = publisher(api)
+    stop = asyncio.Event()
+    runner, watcher = asyncio.create_task(pub.run(stop)), asyncio.create_task(pub.watch(stop))
+    try:
+        pub.set_devices(devs(3))
+        assert await pub.wait_synced(within=5)
+        # Two quick changes: the first update's event may come after the second update.
+        pub.set_devices(devs(3, mtu=9000))
+        assert await pub.wait_synced(within=5)
+        pub.set_devices(devs(3, mtu=1400))
+        assert await pub.wait_synced(within=5)
+        await asyncio.sleep(0.1)
+        assert (pub.stats.lists, pub.stats.creates, pub.stats.updates) == (1, 1, 2)
+        # Someone else's change is still repaired at once, with a re-list.
+        api.edit()
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if api.devices() == ["d0000", "d0001", "d0002"]:
+                break
+        assert api.devices() == ["d0000", "d0001", "d0002"] and pub.stats.lists == 2
+    finally:
+        stop.set()
+        await asyncio.wait_for(runner, 5)
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
